@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* Constants shared by the data path and the control plane. Every limit can
+ * be overridden at build time with -D. */
+#ifndef MOAT_CONSTS_H
+#define MOAT_CONSTS_H
+
+/* Parser bounds. Going past one is a deliberate malformed verdict. */
+#ifndef MAX_VLAN_DEPTH
+#define MAX_VLAN_DEPTH 2
+#endif
+#ifndef MAX_IPV6_EXT_HDRS
+#define MAX_IPV6_EXT_HDRS 8
+#endif
+/* How many expired prefixes a lookup may step over before it gives up and
+ * treats the last one as still in force (fail closed). */
+#ifndef MAX_EXPIRED_SHADOW
+#define MAX_EXPIRED_SHADOW 4
+#endif
+
+/* Map sizes. */
+#ifndef MAX_DENY_HOSTS
+#define MAX_DENY_HOSTS (1 << 21)
+#endif
+#ifndef MAX_DENY_NETS
+#define MAX_DENY_NETS (1 << 21)
+#endif
+#ifndef MAX_ALLOW_HOSTS
+#define MAX_ALLOW_HOSTS (1 << 16)
+#endif
+#ifndef MAX_ALLOW_NETS
+#define MAX_ALLOW_NETS (1 << 16)
+#endif
+#ifndef MAX_PORT_RULES
+#define MAX_PORT_RULES 1024
+#endif
+#ifndef MAX_COMMENTS
+#define MAX_COMMENTS (1 << 16)
+#endif
+#define COMMENT_LEN 64
+
+/* The port table is indexed by (class << 16) | port, where for ICMP the
+ * "port" is the message type. */
+enum port_class {
+	PORT_CLASS_TCP = 0,
+	PORT_CLASS_UDP = 1,
+	PORT_CLASS_ICMP = 2,
+	PORT_CLASS_ICMPV6 = 3,
+	PORT_CLASS_MAX = 4,
+};
+#define PORT_TABLE_SIZE (PORT_CLASS_MAX << 16)
+
+enum rule_action {
+	ACTION_NONE = 0,
+	ACTION_DROP = 1,
+	ACTION_ALLOW = 2,
+};
+
+/* Why a packet got its verdict; one counter slot each. */
+enum verdict_reason {
+	REASON_PASS = 0,       /* no rule matched */
+	REASON_NON_IP = 1,     /* ARP, LLDP, ...: passed untouched */
+	REASON_ALLOWLIST = 2,  /* source in the allowlist: passed */
+	REASON_DENYLIST = 3,   /* source in the denylist: dropped */
+	REASON_PORT_DROP = 4,  /* protocol/port or ICMP type rule: dropped */
+	REASON_PORT_ALLOW = 5, /* protocol/port or ICMP type rule: passed */
+	REASON_FRAGMENT = 6,   /* non-first fragment, per the fragment policy */
+	REASON_MALFORMED = 7,  /* truncated or inconsistent headers */
+	REASON_MAX = 8,
+};
+
+/* What to do with a non-first fragment, which carries no L4 header: source
+ * address rules still apply, port rules cannot. */
+enum fragment_policy {
+	FRAGMENTS_PASS = 0,
+	FRAGMENTS_DROP = 1,
+};
+
+/* What to do with a malformed packet. */
+enum malformed_policy {
+	MALFORMED_DROP = 0,
+	MALFORMED_PASS = 1,
+};
+
+#endif /* MOAT_CONSTS_H */

@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* The maps of the filter. Rule maps are shared by every attached interface;
+ * the counters map is created once per interface. */
+#ifndef MOAT_MAPS_H
+#define MOAT_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "moat_consts.h"
+#include "moat_structs.h"
+
+/* Exact hosts live in hash maps beside the tries: loading a million /32s
+ * into a hash map is several times faster than into an LPM trie, and the
+ * lookup does not depend on how full the trie is. */
+#define HOST_MAP(name, key_type, size)                 \
+	struct {                                       \
+		__uint(type, BPF_MAP_TYPE_HASH);       \
+		__uint(max_entries, size);             \
+		__uint(map_flags, BPF_F_NO_PREALLOC);  \
+		__type(key, key_type);                 \
+		__type(value, struct prefix_rule);     \
+	} name SEC(".maps")
+
+#define NET_MAP(name, key_type, size)                  \
+	struct {                                       \
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);   \
+		__uint(max_entries, size);             \
+		__uint(map_flags, BPF_F_NO_PREALLOC);  \
+		__type(key, key_type);                 \
+		__type(value, struct prefix_rule);     \
+	} name SEC(".maps")
+
+HOST_MAP(allow_v4_hosts, struct host_v4, MAX_ALLOW_HOSTS);
+HOST_MAP(allow_v6_hosts, struct host_v6, MAX_ALLOW_HOSTS);
+NET_MAP(allow_v4_nets, struct net_v4, MAX_ALLOW_NETS);
+NET_MAP(allow_v6_nets, struct net_v6, MAX_ALLOW_NETS);
+
+HOST_MAP(deny_v4_hosts, struct host_v4, MAX_DENY_HOSTS);
+HOST_MAP(deny_v6_hosts, struct host_v6, MAX_DENY_HOSTS);
+NET_MAP(deny_v4_nets, struct net_v4, MAX_DENY_NETS);
+NET_MAP(deny_v6_nets, struct net_v6, MAX_DENY_NETS);
+
+/* Comments of allow and deny entries; only entries with a comment have one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_COMMENTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct comment_key);
+	__type(value, struct comment);
+} comments SEC(".maps");
+
+/* Protocol/port and ICMP type rules, indexed by (class << 16) | port. A range
+ * rule fills every port it covers with the same id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PORT_TABLE_SIZE);
+	__type(key, __u32);
+	__type(value, struct port_rule);
+} port_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_PORT_RULES);
+	__type(key, __u32);
+	__type(value, __u64);
+} port_rule_hits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct runtime_settings);
+} settings SEC(".maps");
+
+/* Per interface: packets and bytes by reason and verdict, indexed by
+ * reason * 2 + (verdict == XDP_DROP). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, REASON_MAX * 2);
+	__type(key, __u32);
+	__type(value, struct verdict_counter);
+} counters SEC(".maps");
+
+#endif /* MOAT_MAPS_H */

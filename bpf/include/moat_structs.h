@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* Map keys and values. The Go side gets its types from these through
+ * bpf2go; there is no hand-written copy. */
+#ifndef MOAT_STRUCTS_H
+#define MOAT_STRUCTS_H
+
+#include <linux/types.h>
+
+/* Key of the exact-host maps (/32 and /128), network byte order. */
+struct host_v4 {
+	__u8 addr[4];
+};
+
+struct host_v6 {
+	__u8 addr[16];
+};
+
+/* Key of the prefix tries. */
+struct net_v4 {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct net_v6 {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* Value of every allow and deny entry. */
+struct prefix_rule {
+	__u64 hits;       /* packets this rule decided; atomic add */
+	__u64 expires_ns; /* CLOCK_BOOTTIME deadline, 0 = never */
+	__u32 prefixlen;  /* the entry's own length, to step past it when expired */
+	__u32 flags;      /* RULE_F_* */
+};
+
+#define RULE_F_COMMENT 1 /* a comment is stored in the comments map */
+
+/* Key of the comments map: which list and which prefix. */
+struct comment_key {
+	__u8 list;   /* 0 allow, 1 deny */
+	__u8 family; /* 4 or 6 */
+	__u8 prefixlen;
+	__u8 pad;
+	__u8 addr[16];
+};
+
+struct comment {
+	char text[64];
+};
+
+/* Element of the port table: which rule covers this port, and its action. */
+struct port_rule {
+	__u16 id;     /* 1..MAX_PORT_RULES-1, 0 = no rule */
+	__u8 action;  /* enum rule_action */
+	__u8 pad;
+};
+
+struct verdict_counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* Settings that may change while the program runs. */
+struct runtime_settings {
+	__u32 fragments; /* enum fragment_policy */
+	__u32 malformed; /* enum malformed_policy */
+};
+
+#endif /* MOAT_STRUCTS_H */

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* Header parsing with a cursor. Each parse_*() checks its bounds against
+ * both the end of the frame and the end that the IP header declares, and
+ * advances the cursor. Nothing here lets a packet skip a rule: a header we
+ * cannot make sense of ends parsing with PARSE_MALFORMED. */
+#ifndef MOAT_PARSING_H
+#define MOAT_PARSING_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/icmp.h>
+#include <linux/icmpv6.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "moat_consts.h"
+
+#ifndef ETH_P_8021AD
+#define ETH_P_8021AD 0x88A8
+#endif
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1FFF
+#define IP6_OFFSET 0xFFF8 /* fragment offset bits of frag_off, network order swapped */
+
+enum parse_result {
+	PARSE_OK = 0,
+	PARSE_NON_IP = 1,
+	PARSE_MALFORMED = 2,
+};
+
+struct vlan_hdr {
+	__be16 tci;
+	__be16 encap_proto;
+};
+
+struct ipv6_frag_hdr {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off;
+	__be32 identification;
+};
+
+struct cursor {
+	void *pos;
+	void *end;    /* end of the frame (ctx->data_end) */
+	void *l3_end; /* end of the IP datagram as its header declares */
+};
+
+/* What the parser found out about a packet. */
+struct packet {
+	__u8 family;    /* 4 or 6, 0 when not IP */
+	__u8 l4proto;   /* IPPROTO_* of the upper-layer header */
+	__u8 has_l4;    /* the L4 header is present and whole */
+	__u8 fragment;  /* 1: a non-first fragment (no L4 header) */
+	__u8 addr_ok;   /* the IP header is whole: its source can be trusted */
+	__u8 vlans;     /* number of VLAN tags */
+	__u16 dport;    /* host order; the ICMP type for ICMP and ICMPv6 */
+	__u16 sport;    /* host order */
+	__u16 l3_off;   /* offset of the IP header in the frame */
+	__u16 l4_off;   /* offset of the L4 header, when has_l4 */
+	__u8 tcp_flags; /* the flags byte of the TCP header */
+	__u8 saddr[16]; /* IPv4 uses the first 4 bytes */
+	__u8 daddr[16];
+};
+
+static __always_inline int parse_eth(struct cursor *c, struct packet *p, __u16 *proto)
+{
+	struct ethhdr *eth = c->pos;
+	int i;
+
+	if ((void *)(eth + 1) > c->end)
+		return PARSE_MALFORMED;
+	*proto = eth->h_proto;
+	c->pos = eth + 1;
+
+#pragma unroll
+	for (i = 0; i < MAX_VLAN_DEPTH; i++) {
+		struct vlan_hdr *vh = c->pos;
+
+		if (*proto != bpf_htons(ETH_P_8021Q) && *proto != bpf_htons(ETH_P_8021AD))
+			break;
+		if ((void *)(vh + 1) > c->end)
+			return PARSE_MALFORMED;
+		*proto = vh->encap_proto;
+		c->pos = vh + 1;
+		p->vlans++;
+	}
+	/* More tags than we look through: refuse rather than guess. */
+	if (*proto == bpf_htons(ETH_P_8021Q) || *proto == bpf_htons(ETH_P_8021AD))
+		return PARSE_MALFORMED;
+	return PARSE_OK;
+}
+
+static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *l4proto)
+{
+	struct iphdr *iph = c->pos;
+	__u32 hdr_len, tot_len;
+	__u16 frag;
+
+	if ((void *)(iph + 1) > c->end)
+		return PARSE_MALFORMED;
+	if (iph->version != 4 || iph->ihl < 5)
+		return PARSE_MALFORMED;
+	hdr_len = iph->ihl * 4;
+	tot_len = bpf_ntohs(iph->tot_len);
+	if (tot_len < hdr_len)
+		return PARSE_MALFORMED;
+	if (c->pos + hdr_len > c->end || c->pos + tot_len > c->end)
+		return PARSE_MALFORMED;
+
+	p->family = 4;
+	__builtin_memcpy(p->saddr, &iph->saddr, 4);
+	__builtin_memcpy(p->daddr, &iph->daddr, 4);
+	p->addr_ok = 1;
+	*l4proto = iph->protocol;
+
+	frag = bpf_ntohs(iph->frag_off);
+	if (frag & IP_OFFSET) {
+		/* RFC 1858: an offset of 8 bytes can only serve to overwrite
+		 * the TCP flags of the first fragment. */
+		if ((frag & IP_OFFSET) == 1 && iph->protocol == IPPROTO_TCP)
+			return PARSE_MALFORMED;
+		p->fragment = 1;
+	}
+	c->l3_end = c->pos + tot_len;
+	c->pos += hdr_len;
+	return PARSE_OK;
+}
+
+static __always_inline int is_ipv6_ext(__u8 nexthdr)
+{
+	return nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING ||
+	       nexthdr == IPPROTO_DSTOPTS || nexthdr == IPPROTO_FRAGMENT ||
+	       nexthdr == IPPROTO_AH;
+}
+
+static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *l4proto)
+{
+	struct ipv6hdr *ip6h = c->pos;
+	__u8 nexthdr;
+	int i;
+
+	if ((void *)(ip6h + 1) > c->end)
+		return PARSE_MALFORMED;
+	if (ip6h->version != 6)
+		return PARSE_MALFORMED;
+	if ((void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
+		return PARSE_MALFORMED;
+
+	p->family = 6;
+	__builtin_memcpy(p->saddr, &ip6h->saddr, 16);
+	__builtin_memcpy(p->daddr, &ip6h->daddr, 16);
+	p->addr_ok = 1;
+	c->l3_end = (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len);
+	c->pos = ip6h + 1;
+	nexthdr = ip6h->nexthdr;
+
+	for (i = 0; i < MAX_IPV6_EXT_HDRS; i++) {
+		struct ipv6_opt_hdr *oh = c->pos;
+		__u32 len;
+
+		if (!is_ipv6_ext(nexthdr))
+			break;
+		if (nexthdr == IPPROTO_FRAGMENT) {
+			struct ipv6_frag_hdr *fh = c->pos;
+
+			if ((void *)(fh + 1) > c->end || (void *)(fh + 1) > c->l3_end)
+				return PARSE_MALFORMED;
+			nexthdr = fh->nexthdr;
+			c->pos = fh + 1;
+			if (bpf_ntohs(fh->frag_off) & IP6_OFFSET) {
+				p->fragment = 1;
+				*l4proto = nexthdr;
+				return PARSE_OK;
+			}
+			continue;
+		}
+		if ((void *)(oh + 1) > c->end || (void *)(oh + 1) > c->l3_end)
+			return PARSE_MALFORMED;
+		if (nexthdr == IPPROTO_AH)
+			len = (oh->hdrlen + 2) * 4;
+		else
+			len = (oh->hdrlen + 1) * 8;
+		if (c->pos + len > c->end || c->pos + len > c->l3_end)
+			return PARSE_MALFORMED;
+		nexthdr = oh->nexthdr;
+		c->pos += len;
+	}
+	/* A chain longer than the bound is refused, never skipped. */
+	if (is_ipv6_ext(nexthdr))
+		return PARSE_MALFORMED;
+	*l4proto = nexthdr;
+	return PARSE_OK;
+}
+
+/* Parses the L4 header at the cursor. Protocols without ports are fine as
+ * they are; TCP, UDP, ICMP and ICMPv6 must be whole. */
+static __always_inline int parse_l4(struct cursor *c, struct packet *p, void *data)
+{
+	p->l4_off = c->pos - data;
+
+	switch (p->l4proto) {
+	case IPPROTO_TCP: {
+		struct tcphdr *th = c->pos;
+		__u32 len;
+
+		if ((void *)(th + 1) > c->end || (void *)(th + 1) > c->l3_end)
+			return PARSE_MALFORMED;
+		len = th->doff * 4;
+		if (len < sizeof(*th) || c->pos + len > c->end || c->pos + len > c->l3_end)
+			return PARSE_MALFORMED;
+		p->sport = bpf_ntohs(th->source);
+		p->dport = bpf_ntohs(th->dest);
+		p->tcp_flags = ((__u8 *)th)[13];
+		break;
+	}
+	case IPPROTO_UDP: {
+		struct udphdr *uh = c->pos;
+
+		if ((void *)(uh + 1) > c->end || (void *)(uh + 1) > c->l3_end)
+			return PARSE_MALFORMED;
+		if (bpf_ntohs(uh->len) < sizeof(*uh))
+			return PARSE_MALFORMED;
+		p->sport = bpf_ntohs(uh->source);
+		p->dport = bpf_ntohs(uh->dest);
+		break;
+	}
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6: {
+		/* Type, code, checksum and the 4-byte rest of header. */
+		__u8 *ic = c->pos;
+
+		if ((p->l4proto == IPPROTO_ICMP) != (p->family == 4))
+			return PARSE_OK; /* ICMP over IPv6 or ICMPv6 over IPv4: no type rules */
+		if ((void *)(ic + 8) > c->end || (void *)(ic + 8) > c->l3_end)
+			return PARSE_MALFORMED;
+		p->dport = ic[0];
+		break;
+	}
+	default:
+		return PARSE_OK;
+	}
+	p->has_l4 = 1;
+	return PARSE_OK;
+}
+
+/* Parses a frame up to and including its L4 header. */
+static __always_inline int parse_packet(struct xdp_md *ctx, struct packet *p)
+{
+	void *data = (void *)(long)ctx->data;
+	struct cursor c = {
+		.pos = data,
+		.end = (void *)(long)ctx->data_end,
+	};
+	__u16 proto;
+	__u8 l4proto = 0;
+	int ret;
+
+	ret = parse_eth(&c, p, &proto);
+	if (ret != PARSE_OK)
+		return ret;
+
+	p->l3_off = c.pos - data;
+	if (proto == bpf_htons(ETH_P_IP))
+		ret = parse_ipv4(&c, p, &l4proto);
+	else if (proto == bpf_htons(ETH_P_IPV6))
+		ret = parse_ipv6(&c, p, &l4proto);
+	else
+		return PARSE_NON_IP;
+	if (ret != PARSE_OK)
+		return ret;
+
+	p->l4proto = l4proto;
+	if (p->fragment)
+		return PARSE_OK;
+	return parse_l4(&c, p, data);
+}
+
+#endif /* MOAT_PARSING_H */

@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* Address and port rule lookups. */
+#ifndef MOAT_POLICY_H
+#define MOAT_POLICY_H
+
+#include "moat_maps.h"
+#include "parsing.h"
+
+static __always_inline int rule_live(const struct prefix_rule *r)
+{
+	return r->expires_ns == 0 || bpf_ktime_get_boot_ns() < r->expires_ns;
+}
+
+/* Finds the rule in force for addr: the exact host first, then the longest
+ * live prefix. An expired prefix must not shadow a shorter live one that
+ * covers it, so the trie is asked again below the expired entry's length.
+ * After MAX_EXPIRED_SHADOW expired entries in a row the last one is taken
+ * as in force when fail_closed is set (deny lists), as absent otherwise
+ * (allow lists); the control plane reaps expired entries long before. */
+static __always_inline struct prefix_rule *
+match_prefix(void *hosts, void *nets, const __u8 *addr, int family, int fail_closed)
+{
+	struct net_v6 key = {};
+	struct prefix_rule *r;
+	int i;
+
+	r = bpf_map_lookup_elem(hosts, addr);
+	if (r && rule_live(r))
+		return r;
+
+	key.prefixlen = family == 4 ? 32 : 128;
+	__builtin_memcpy(key.addr, addr, 16);
+	for (i = 0; i < MAX_EXPIRED_SHADOW; i++) {
+		r = bpf_map_lookup_elem(nets, &key);
+		if (!r)
+			return NULL;
+		if (rule_live(r))
+			return r;
+		if (r->prefixlen == 0 || r->prefixlen > key.prefixlen)
+			return fail_closed ? r : NULL;
+		key.prefixlen = r->prefixlen - 1;
+	}
+	return fail_closed ? r : NULL;
+}
+
+static __always_inline struct prefix_rule *match_allow(const struct packet *p)
+{
+	if (p->family == 4)
+		return match_prefix(&allow_v4_hosts, &allow_v4_nets, p->saddr, 4, 0);
+	return match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, 0);
+}
+
+static __always_inline struct prefix_rule *match_deny(const struct packet *p)
+{
+	if (p->family == 4)
+		return match_prefix(&deny_v4_hosts, &deny_v4_nets, p->saddr, 4, 1);
+	return match_prefix(&deny_v6_hosts, &deny_v6_nets, p->saddr, 6, 1);
+}
+
+static __always_inline int port_class(const struct packet *p)
+{
+	switch (p->l4proto) {
+	case IPPROTO_TCP:
+		return PORT_CLASS_TCP;
+	case IPPROTO_UDP:
+		return PORT_CLASS_UDP;
+	case IPPROTO_ICMP:
+		return PORT_CLASS_ICMP;
+	case IPPROTO_ICMPV6:
+		return PORT_CLASS_ICMPV6;
+	}
+	return -1;
+}
+
+/* Returns the port rule that covers the packet's destination port (or ICMP
+ * type), counting a hit on it, or NULL. */
+static __always_inline struct port_rule *match_port(const struct packet *p)
+{
+	struct port_rule *rule;
+	__u32 idx, id;
+	__u64 *hits;
+	int class;
+
+	if (!p->has_l4)
+		return NULL;
+	class = port_class(p);
+	if (class < 0)
+		return NULL;
+	idx = ((__u32)class << 16) | p->dport;
+	rule = bpf_map_lookup_elem(&port_rules, &idx);
+	if (!rule || rule->id == 0 || rule->action == ACTION_NONE)
+		return NULL;
+	id = rule->id;
+	hits = bpf_map_lookup_elem(&port_rule_hits, &id);
+	if (hits)
+		*hits += 1;
+	return rule;
+}
+
+#endif /* MOAT_POLICY_H */

@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* The moat XDP filter. Policy, in order: allowlist, denylist, fragment and
+ * malformed policy, protocol/port rules, pass. */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "moat_consts.h"
+#include "moat_structs.h"
+#include "moat_maps.h"
+#include "parsing.h"
+#include "policy.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Types the control plane needs but no map declares; referenced here so
+ * that they reach BTF and bpf2go generates them. */
+struct exported_types {
+	struct host_v4 host_v4;
+	struct host_v6 host_v6;
+	enum verdict_reason reason;
+	enum port_class port_class;
+	enum rule_action action;
+	enum fragment_policy fragments;
+	enum malformed_policy malformed;
+};
+const struct exported_types *unused_exported_types __attribute__((unused));
+
+static __always_inline struct runtime_settings *get_settings(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&settings, &zero);
+}
+
+static __always_inline int verdict(struct xdp_md *ctx, enum verdict_reason reason, int action)
+{
+	__u32 idx = reason * 2 + (action == XDP_DROP);
+	struct verdict_counter *c = bpf_map_lookup_elem(&counters, &idx);
+
+	if (c) {
+		c->packets++;
+		c->bytes += ctx->data_end - ctx->data;
+	}
+	return action;
+}
+
+SEC("xdp")
+int moat_filter(struct xdp_md *ctx)
+{
+	struct packet pkt = {};
+	struct runtime_settings *cfg;
+	struct prefix_rule *rule;
+	struct port_rule *prule;
+	int ret;
+
+	cfg = get_settings();
+	if (!cfg) /* cannot happen for an array map; keeps the verifier content */
+		return XDP_PASS;
+
+	ret = parse_packet(ctx, &pkt);
+	if (ret == PARSE_NON_IP)
+		return verdict(ctx, REASON_NON_IP, XDP_PASS);
+	if (ret == PARSE_MALFORMED && (!pkt.addr_ok || cfg->malformed == MALFORMED_DROP))
+		return verdict(ctx, REASON_MALFORMED,
+			       cfg->malformed == MALFORMED_DROP ? XDP_DROP : XDP_PASS);
+
+	/* From here the source address is whole. */
+	rule = match_allow(&pkt);
+	if (rule) {
+		__sync_fetch_and_add(&rule->hits, 1);
+		return verdict(ctx, REASON_ALLOWLIST, XDP_PASS);
+	}
+	rule = match_deny(&pkt);
+	if (rule) {
+		__sync_fetch_and_add(&rule->hits, 1);
+		return verdict(ctx, REASON_DENYLIST, XDP_DROP);
+	}
+
+	if (ret == PARSE_MALFORMED) /* malformed L4, passed by policy */
+		return verdict(ctx, REASON_MALFORMED, XDP_PASS);
+	if (pkt.fragment)
+		return verdict(ctx, REASON_FRAGMENT,
+			       cfg->fragments == FRAGMENTS_DROP ? XDP_DROP : XDP_PASS);
+
+	prule = match_port(&pkt);
+	if (prule) {
+		if (prule->action == ACTION_DROP)
+			return verdict(ctx, REASON_PORT_DROP, XDP_DROP);
+		return verdict(ctx, REASON_PORT_ALLOW, XDP_PASS);
+	}
+	return verdict(ctx, REASON_PASS, XDP_PASS);
+}

@@ -1,0 +1,182 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+func newAttachCmd(g *globals) *cobra.Command {
+	var mode string
+	cmd := &cobra.Command{
+		Use:   "attach IFACE...",
+		Short: "Attach the filter to interfaces (replaces it in place if attached)",
+		Args:  args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, ifaces []string) error {
+			m, err := shield.ParseMode(mode)
+			if err != nil {
+				return err
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			for _, name := range ifaces {
+				res, err := s.Attach(name, m)
+				if err != nil {
+					return err
+				}
+				if res.Warning != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s\n", res.Warning)
+				}
+				verb := "attached to"
+				if res.Replaced {
+					verb = "replaced the program on"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s mode)\n", verb, name, res.Mode)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&mode, "mode", "", "XDP mode: native or generic (default: native, falling back to generic)")
+	return cmd
+}
+
+func newDetachCmd(g *globals) *cobra.Command {
+	var all, keepRules bool
+	cmd := &cobra.Command{
+		Use:   "detach IFACE... | --all",
+		Short: "Detach the filter from interfaces; the last detach also removes the rules unless --keep-rules",
+		Args: args(func(cmd *cobra.Command, a []string) error {
+			if all != (len(a) == 0) {
+				return fmt.Errorf("give interface names or --all, not both or neither")
+			}
+			return nil
+		}),
+		RunE: func(cmd *cobra.Command, ifaces []string) error {
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			atts, err := s.Attachments()
+			if err != nil {
+				return err
+			}
+			attached := map[string]bool{}
+			for _, a := range atts {
+				attached[a.Iface] = true
+			}
+			if all {
+				for _, a := range atts {
+					ifaces = append(ifaces, a.Iface)
+				}
+			}
+			for _, name := range ifaces {
+				if !attached[name] {
+					return usagef("moat is not attached to %s", name)
+				}
+			}
+			for _, name := range ifaces {
+				if err := s.Detach(name); err != nil {
+					return err
+				}
+				delete(attached, name)
+				fmt.Fprintf(cmd.OutOrStdout(), "detached from %s\n", name)
+			}
+			if len(attached) == 0 && !keepRules {
+				if err := s.Remove(); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed rules and pins under %s\n", s.Root())
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "detach from every interface")
+	cmd.Flags().BoolVar(&keepRules, "keep-rules", false, "keep the rule maps pinned after the last detach")
+	return cmd
+}
+
+// Status is what `moat status --json` prints.
+type Status struct {
+	Root       string              `json:"root"`
+	Interfaces []shield.Attachment `json:"interfaces"`
+	Rules      RuleCounts          `json:"rules"`
+	Settings   rules.Settings      `json:"settings"`
+}
+
+// RuleCounts counts rules per kind.
+type RuleCounts struct {
+	Allow int `json:"allow"`
+	Deny  int `json:"deny"`
+	Ports int `json:"ports"`
+}
+
+func newStatusCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show interfaces, modes, program ids and rule counts",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := os.Stat(g.root); err != nil {
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), Status{Root: g.root, Interfaces: []shield.Attachment{}})
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "moat is not set up (nothing pinned under %s)\n", g.root)
+				return nil
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			st := Status{Root: g.root}
+			if st.Interfaces, err = s.Attachments(); err != nil {
+				return err
+			}
+			if st.Interfaces == nil {
+				st.Interfaces = []shield.Attachment{}
+			}
+			if st.Rules.Allow, err = s.Count(shield.AllowList); err != nil {
+				return err
+			}
+			if st.Rules.Deny, err = s.Count(shield.DenyList); err != nil {
+				return err
+			}
+			ports, err := s.PortRules()
+			if err != nil {
+				return err
+			}
+			st.Rules.Ports = len(ports)
+			if st.Settings, err = s.Settings(); err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), st)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "INTERFACE\tIFINDEX\tMODE\tPROGRAM\tLINK")
+			for _, a := range st.Interfaces {
+				mode := string(a.Mode)
+				if !a.Present {
+					mode = "gone"
+				}
+				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\n", a.Iface, a.Ifindex, mode, a.ProgramID, a.LinkID)
+			}
+			w.Flush()
+			fmt.Fprintf(cmd.OutOrStdout(), "rules: %d allow, %d deny, %d port\npolicy: fragments %s, malformed %s\n",
+				st.Rules.Allow, st.Rules.Deny, st.Rules.Ports, st.Settings.Fragments, st.Settings.Malformed)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

@@ -1,0 +1,240 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+// addCmd builds `block` and `allow`.
+func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
+	var ttl time.Duration
+	var comment string
+	cmd := &cobra.Command{
+		Use:   use + " PREFIX...",
+		Short: short,
+		Args:  args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			prefixes, err := rules.ParsePrefixes(a)
+			if err != nil {
+				return &usageError{err}
+			}
+			if ttl < 0 || (cmd.Flags().Changed("ttl") && ttl == 0) {
+				return usagef("invalid --ttl %s: must be positive", ttl)
+			}
+			if err := rules.ValidateComment(comment); err != nil {
+				return &usageError{err}
+			}
+			var expires time.Time
+			if ttl > 0 {
+				expires = time.Now().Add(ttl)
+			}
+			entries := make([]shield.Entry, len(prefixes))
+			for i, p := range prefixes {
+				entries[i] = shield.Entry{Prefix: p, Expires: expires, Comment: comment}
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.Add(l, entries, shield.Strict); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "added %d to the %s\n", len(entries), l)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "remove the entries after this long (e.g. 10m, 24h)")
+	cmd.Flags().StringVar(&comment, "comment", "", "a note kept with the entries")
+	return cmd
+}
+
+// removeCmd builds `unblock` and `disallow`.
+func removeCmd(g *globals, use, short string, l shield.List) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " PREFIX...",
+		Short: short,
+		Args:  args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			prefixes, err := rules.ParsePrefixes(a)
+			if err != nil {
+				return &usageError{err}
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.RemovePrefixes(l, prefixes); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %d from the %s\n", len(prefixes), l)
+			return nil
+		},
+	}
+}
+
+func newBlockCmd(g *globals) *cobra.Command {
+	return addCmd(g, "block", "Drop all traffic from addresses or CIDRs", shield.DenyList)
+}
+
+func newUnblockCmd(g *globals) *cobra.Command {
+	return removeCmd(g, "unblock", "Remove addresses or CIDRs from the denylist", shield.DenyList)
+}
+
+func newAllowCmd(g *globals) *cobra.Command {
+	return addCmd(g, "allow", "Pass all traffic from addresses or CIDRs, before any other rule", shield.AllowList)
+}
+
+func newDisallowCmd(g *globals) *cobra.Command {
+	return removeCmd(g, "disallow", "Remove addresses or CIDRs from the allowlist", shield.AllowList)
+}
+
+func newPortCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "port drop|allow|remove PROTO/PORT[-PORT]...",
+		Short: "Drop or allow by protocol and destination port, or by ICMP type (icmp/echo-request, icmpv6/128)",
+		Args:  args(cobra.MinimumNArgs(2)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			verb := a[0]
+			var action rules.Action
+			if verb != "remove" {
+				var err error
+				if action, err = rules.ParseAction(verb); err != nil {
+					return usagef("invalid port command %q: want drop, allow or remove", verb)
+				}
+			}
+			var specs []rules.PortSpec
+			for _, arg := range a[1:] {
+				spec, err := rules.ParsePortSpec(arg)
+				if err != nil {
+					return &usageError{err}
+				}
+				for _, o := range specs {
+					if o.Overlaps(spec) {
+						return usagef("port rules %s and %s overlap", o, spec)
+					}
+				}
+				specs = append(specs, spec)
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			// Check every spec before changing anything.
+			existing, err := s.PortRules()
+			if err != nil {
+				return err
+			}
+			for _, spec := range specs {
+				if err := checkPortChange(existing, spec, verb == "remove"); err != nil {
+					return err
+				}
+			}
+			for _, spec := range specs {
+				if verb == "remove" {
+					err = s.RemovePortRule(spec)
+				} else {
+					err = s.AddPortRule(spec, action)
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", map[bool]string{true: "removed", false: verb}[verb == "remove"], spec)
+			}
+			return nil
+		},
+	}
+	return cmd
+}
+
+// checkPortChange mirrors the checks of AddPortRule and RemovePortRule so a
+// command with several specs changes nothing if any of them is refused.
+func checkPortChange(existing []shield.PortRule, spec rules.PortSpec, remove bool) error {
+	for _, r := range existing {
+		if remove && r.Spec == spec {
+			return nil
+		}
+		if !remove && r.Spec.Overlaps(spec) {
+			if r.Spec == spec {
+				return usagef("port rule %s exists already (%s)", spec, r.Action)
+			}
+			return usagef("port rule %s overlaps the existing rule %s (%s)", spec, r.Spec, r.Action)
+		}
+	}
+	if remove {
+		return usagef("no port rule %s", spec)
+	}
+	return nil
+}
+
+func newPolicyCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "policy [fragments pass|drop] [malformed drop|pass]",
+		Short: "Show or set what happens to non-first fragments and to malformed packets",
+		Args: args(func(_ *cobra.Command, a []string) error {
+			if len(a)%2 != 0 {
+				return fmt.Errorf("give policy names with values, e.g. fragments drop")
+			}
+			return nil
+		}),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			set, err := s.Settings()
+			if err != nil {
+				return err
+			}
+			for i := 0; i < len(a); i += 2 {
+				switch a[i] {
+				case "fragments":
+					set.Fragments = a[i+1]
+				case "malformed":
+					set.Malformed = a[i+1]
+				default:
+					return usagef("unknown policy %q: want fragments or malformed", a[i])
+				}
+			}
+			if err := set.Validate(); err != nil {
+				return &usageError{err}
+			}
+			if len(a) > 0 {
+				if err := s.SetSettings(set); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "fragments %s\nmalformed %s\n", set.Fragments, set.Malformed)
+			return nil
+		},
+	}
+}
+
+func newExpireCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "expire",
+		Short: "Delete allow and deny entries whose time has passed (the filter already ignores them)",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			n, err := s.ExpireStale()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %d expired entries\n", n)
+			return nil
+		},
+	}
+}

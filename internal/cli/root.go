@@ -1,0 +1,118 @@
+// Package cli is the moat command line: thin commands over internal/shield
+// and internal/rules.
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the system failed us
+	exitUsage   = 2 // the user asked for something wrong; nothing changed
+)
+
+// usageError marks a bad argument or flag.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Errorf(format, args...)} }
+
+// Main runs the command line and returns the process exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	root := NewRoot()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "moat: %v\n", err)
+	var ue *usageError
+	var se *shield.UserError
+	if errors.As(err, &ue) || errors.As(err, &se) || isFlagError(err) {
+		return exitUsage
+	}
+	return exitFailure
+}
+
+// isFlagError recognises cobra's own argument and flag errors, which carry
+// no type of their own.
+func isFlagError(err error) bool {
+	_, ok := err.(flagError)
+	return ok
+}
+
+type flagError struct{ error }
+
+type globals struct {
+	root string
+}
+
+// NewRoot builds the command tree.
+func NewRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "moat",
+		Short:         "moat: an XDP/eBPF DDoS shield",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	def := os.Getenv("MOAT_ROOT")
+	if def == "" {
+		def = shield.DefaultRoot
+	}
+	root.PersistentFlags().StringVar(&g.root, "root", def, "bpffs directory of moat's pinned state (env MOAT_ROOT)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return flagError{err} })
+
+	root.AddCommand(
+		newAttachCmd(g), newDetachCmd(g), newStatusCmd(g),
+		newBlockCmd(g), newUnblockCmd(g), newAllowCmd(g), newDisallowCmd(g),
+		newPortCmd(g), newListCmd(g), newStatsCmd(g),
+		newImportCmd(g), newExportCmd(g), newPolicyCmd(g), newExpireCmd(g),
+	)
+	for _, extra := range extraCommands {
+		root.AddCommand(extra(g))
+	}
+	return root
+}
+
+// extraCommands lets feature files (flood, syn, ...) register themselves.
+var extraCommands []func(*globals) *cobra.Command
+
+// open opens the pinned state.
+func (g *globals) open() (*shield.Shield, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("moat needs root (CAP_BPF and CAP_NET_ADMIN)")
+	}
+	return shield.Open(g.root)
+}
+
+// args wraps cobra's positional-argument checks so their errors count as
+// usage errors.
+func args(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if err := check(cmd, a); err != nil {
+			return &usageError{err}
+		}
+		return nil
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,312 @@
+package cli
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+func newListCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List every rule with its hit counter and time left",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			rs, err := s.Snapshot()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), rs)
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "LIST\tRULE\tHITS\tEXPIRES\tCOMMENT")
+			now := time.Now()
+			for _, x := range []struct {
+				name    string
+				entries []rules.PrefixEntry
+			}{{"allow", rs.Allow}, {"deny", rs.Deny}} {
+				for _, e := range x.entries {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", x.name, e.Prefix, e.Hits, timeLeft(e.Expires, now), e.Comment)
+				}
+			}
+			for _, p := range rs.Ports {
+				fmt.Fprintf(w, "port %s\t%s\t%d\t-\t\n", p.Action, p.Spec, p.Hits)
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (the format import reads)")
+	return cmd
+}
+
+func timeLeft(t *time.Time, now time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	d := t.Sub(now)
+	if d <= 0 {
+		return "expired"
+	}
+	return "in " + d.Round(time.Second).String()
+}
+
+// StatsReport is what `moat stats --json` prints per interface.
+type StatsReport struct {
+	Iface string `json:"iface"`
+	shield.Counters
+	Rates *Rates `json:"rates,omitempty"`
+}
+
+// Rates are per-second rates over the last watch interval.
+type Rates struct {
+	PassedPPS   float64 `json:"passed_pps"`
+	DroppedPPS  float64 `json:"dropped_pps"`
+	PassedMbps  float64 `json:"passed_mbps"`
+	DroppedMbps float64 `json:"dropped_mbps"`
+}
+
+func newStatsCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	var watch time.Duration
+	var ifaceFilter []string
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Show packets and bytes per verdict and reason, per interface",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if watch < 0 || (cmd.Flags().Changed("watch") && watch < 10*time.Millisecond) {
+				return usagef("invalid --watch %s: want an interval of at least 10ms", watch)
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			atts, err := s.Attachments()
+			if err != nil {
+				s.Close()
+				return err
+			}
+			names := ifaceFilter
+			if len(names) == 0 {
+				for _, a := range atts {
+					names = append(names, a.Iface)
+				}
+			}
+			read := func() ([]StatsReport, error) {
+				var out []StatsReport
+				for _, n := range names {
+					c, err := s.Counters(n)
+					if err != nil {
+						return nil, err
+					}
+					out = append(out, StatsReport{Iface: n, Counters: c})
+				}
+				return out, nil
+			}
+			prev, err := read()
+			// The lock would stall other commands while watching.
+			s.Close()
+			if err != nil {
+				return err
+			}
+			if watch == 0 {
+				return printStats(cmd.OutOrStdout(), prev, asJSON)
+			}
+			last := time.Now()
+			for {
+				time.Sleep(watch)
+				s, err := g.open()
+				if err != nil {
+					return err
+				}
+				cur, err := read()
+				s.Close()
+				if err != nil {
+					return err
+				}
+				now := time.Now()
+				dt := now.Sub(last).Seconds()
+				for i := range cur {
+					p, c := prev[i], cur[i]
+					cur[i].Rates = &Rates{
+						PassedPPS:   float64(c.Passed.Packets-p.Passed.Packets) / dt,
+						DroppedPPS:  float64(c.Dropped.Packets-p.Dropped.Packets) / dt,
+						PassedMbps:  float64(c.Passed.Bytes-p.Passed.Bytes) * 8 / dt / 1e6,
+						DroppedMbps: float64(c.Dropped.Bytes-p.Dropped.Bytes) * 8 / dt / 1e6,
+					}
+				}
+				if err := printStats(cmd.OutOrStdout(), cur, asJSON); err != nil {
+					return err
+				}
+				prev, last = cur, now
+			}
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one object per line when watching)")
+	cmd.Flags().DurationVar(&watch, "watch", 0, "print again every INTERVAL with rates (pps, Mbit/s)")
+	cmd.Flags().StringSliceVarP(&ifaceFilter, "iface", "i", nil, "only these interfaces")
+	return cmd
+}
+
+func printStats(w io.Writer, reports []StatsReport, asJSON bool) error {
+	if asJSON {
+		if reports == nil {
+			reports = []StatsReport{}
+		}
+		return writeJSON(w, reports)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	for _, r := range reports {
+		fmt.Fprintf(tw, "%s\tpackets\tbytes\t", r.Iface)
+		if r.Rates != nil {
+			fmt.Fprint(tw, "pps\tMbit/s\t")
+		}
+		fmt.Fprintln(tw)
+		row := func(name string, c shield.Count, pps, mbps float64) {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t", name, c.Packets, humanBytes(c.Bytes))
+			if r.Rates != nil {
+				fmt.Fprintf(tw, "%.0f\t%.2f\t", pps, mbps)
+			}
+			fmt.Fprintln(tw)
+		}
+		var pr, dr Rates
+		if r.Rates != nil {
+			pr, dr = *r.Rates, *r.Rates
+		}
+		row("passed", r.Passed, pr.PassedPPS, pr.PassedMbps)
+		row("dropped", r.Dropped, dr.DroppedPPS, dr.DroppedMbps)
+		reasons := make([]string, 0, len(r.ByReason))
+		for k := range r.ByReason {
+			reasons = append(reasons, k)
+		}
+		sort.Strings(reasons)
+		for _, k := range reasons {
+			rc := r.ByReason[k]
+			if rc.Passed.Packets > 0 {
+				fmt.Fprintf(tw, "  %s passed\t%d\t%s\t\n", k, rc.Passed.Packets, humanBytes(rc.Passed.Bytes))
+			}
+			if rc.Dropped.Packets > 0 {
+				fmt.Fprintf(tw, "  %s dropped\t%d\t%s\t\n", k, rc.Dropped.Packets, humanBytes(rc.Dropped.Bytes))
+			}
+		}
+	}
+	return tw.Flush()
+}
+
+func humanBytes(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+func newImportCmd(g *globals) *cobra.Command {
+	var list string
+	var replace bool
+	cmd := &cobra.Command{
+		Use:   "import FILE|-",
+		Short: "Load rules from JSON (as export writes) or a plain list of addresses/CIDRs (ipset, FireHOL netsets)",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			var r io.Reader = cmd.InOrStdin()
+			name := a[0]
+			if name != "-" {
+				f, err := os.Open(name)
+				if err != nil {
+					return usagef("%v", err)
+				}
+				defer f.Close()
+				r = bufio.NewReaderSize(f, 1<<20)
+			}
+			rs, err := rules.ReadRuleset(name, r, list)
+			if err != nil {
+				return &usageError{err}
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			start := time.Now()
+			res, err := s.Apply(rs, replace)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "imported %d allow/deny entries and %d port rule changes, removed %d, in %s\n",
+				res.Added, res.PortRules, res.Removed, time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&list, "list", "deny", "list that a plain file goes to: deny or allow")
+	cmd.Flags().BoolVar(&replace, "replace", false, "make the rules equal to the file (new entries go in before old ones go out)")
+	return cmd
+}
+
+func newExportCmd(g *globals) *cobra.Command {
+	var format, list string
+	cmd := &cobra.Command{
+		Use:   "export",
+		Short: "Write every rule as JSON (or one list as plain CIDRs) to stdout",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "json" && format != "plain" {
+				return usagef("invalid --format %q: want json or plain", format)
+			}
+			if list != "deny" && list != "allow" {
+				return usagef("invalid --list %q: want deny or allow", list)
+			}
+			s, err := g.open()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			rs, err := s.Snapshot()
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				return writeJSON(cmd.OutOrStdout(), rs)
+			}
+			entries := rs.Deny
+			if list == "allow" {
+				entries = rs.Allow
+			}
+			w := bufio.NewWriter(cmd.OutOrStdout())
+			fmt.Fprintf(w, "# moat %slist, %d entries, exported %s\n", list, len(entries), time.Now().UTC().Format(time.RFC3339))
+			for _, e := range entries {
+				line := e.Prefix.String()
+				if e.Comment != "" {
+					line += " # " + strings.ReplaceAll(e.Comment, "#", "")
+				}
+				fmt.Fprintln(w, line)
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&format, "format", "json", "json or plain")
+	cmd.Flags().StringVar(&list, "list", "deny", "with --format plain: deny or allow")
+	return cmd
+}

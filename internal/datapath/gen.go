@@ -1,0 +1,5 @@
+// Package datapath holds the compiled XDP filter and the Go types that
+// bpf2go generates from its C headers.
+package datapath
+
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type host_v4 -type host_v6 -type net_v4 -type net_v6 -type prefix_rule -type comment_key -type comment -type port_rule -type verdict_counter -type runtime_settings -type verdict_reason -type port_class -type rule_action -type fragment_policy -type malformed_policy Moat ../../bpf/moat.bpf.c -- -I../../bpf/include

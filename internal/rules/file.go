@@ -1,0 +1,232 @@
+package rules
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// MaxCommentLen is the longest comment the data path's comment map stores
+// (COMMENT_LEN less the terminating NUL).
+const MaxCommentLen = 63
+
+// Ruleset is the JSON form of every rule moat holds: what `moat export`
+// writes and `moat import` reads.
+type Ruleset struct {
+	Allow    []PrefixEntry `json:"allow"`
+	Deny     []PrefixEntry `json:"deny"`
+	Ports    []PortEntry   `json:"ports"`
+	Settings *Settings     `json:"settings,omitempty"`
+}
+
+// PrefixEntry is one allow or deny entry.
+type PrefixEntry struct {
+	Prefix  netip.Prefix `json:"prefix"`
+	Expires *time.Time   `json:"expires,omitempty"`
+	Comment string       `json:"comment,omitempty"`
+	Hits    uint64       `json:"hits,omitempty"` // written by export, ignored by import
+}
+
+// PortEntry is one protocol/port or ICMP type rule.
+type PortEntry struct {
+	Spec   PortSpec `json:"rule"`
+	Action Action   `json:"action"`
+	Hits   uint64   `json:"hits,omitempty"`
+}
+
+// Settings are the data path's policies for packets that rules cannot
+// fully judge.
+type Settings struct {
+	Fragments string `json:"fragments"` // "pass" or "drop": non-first fragments
+	Malformed string `json:"malformed"` // "drop" or "pass"
+}
+
+// Validate checks a settings block.
+func (s Settings) Validate() error {
+	if s.Fragments != "pass" && s.Fragments != "drop" {
+		return fmt.Errorf("invalid fragments policy %q: want pass or drop", s.Fragments)
+	}
+	if s.Malformed != "pass" && s.Malformed != "drop" {
+		return fmt.Errorf("invalid malformed policy %q: want drop or pass", s.Malformed)
+	}
+	return nil
+}
+
+func (s PortSpec) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+func (s *PortSpec) UnmarshalText(b []byte) error {
+	v, err := ParsePortSpec(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+func (a Action) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+func (a *Action) UnmarshalText(b []byte) error {
+	v, err := ParseAction(string(b))
+	if err != nil {
+		return err
+	}
+	*a = v
+	return nil
+}
+
+// ValidateComment checks that a comment fits the data path's comment map.
+func ValidateComment(c string) error {
+	if len(c) > MaxCommentLen {
+		return fmt.Errorf("comment is %d bytes long, at most %d fit", len(c), MaxCommentLen)
+	}
+	if !utf8.ValidString(c) || strings.ContainsAny(c, "\x00\n") {
+		return fmt.Errorf("comment must be one line of UTF-8 text")
+	}
+	return nil
+}
+
+// Validate checks a whole ruleset: prefixes masked, no duplicates within a
+// list, comments that fit, port rules that do not overlap each other.
+func (r *Ruleset) Validate() error {
+	for _, l := range []struct {
+		name    string
+		entries []PrefixEntry
+	}{{"allow", r.Allow}, {"deny", r.Deny}} {
+		seen := make(map[netip.Prefix]bool, len(l.entries))
+		for i, e := range l.entries {
+			if !e.Prefix.IsValid() {
+				return fmt.Errorf("%s entry %d: missing prefix", l.name, i+1)
+			}
+			if _, err := ParsePrefix(e.Prefix.String()); err != nil {
+				return fmt.Errorf("%s entry %d: %v", l.name, i+1, err)
+			}
+			if seen[e.Prefix] {
+				return fmt.Errorf("%s entry %d: %s listed twice", l.name, i+1, e.Prefix)
+			}
+			seen[e.Prefix] = true
+			if err := ValidateComment(e.Comment); err != nil {
+				return fmt.Errorf("%s entry %d (%s): %v", l.name, i+1, e.Prefix, err)
+			}
+		}
+	}
+	for i, p := range r.Ports {
+		if p.Action != Drop && p.Action != Allow {
+			return fmt.Errorf("port rule %d (%s): missing action", i+1, p.Spec)
+		}
+		for j := 0; j < i; j++ {
+			if p.Spec.Overlaps(r.Ports[j].Spec) {
+				return fmt.Errorf("port rule %d (%s) overlaps port rule %d (%s)", i+1, p.Spec, j+1, r.Ports[j].Spec)
+			}
+		}
+	}
+	if r.Settings != nil {
+		if err := r.Settings.Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReadRuleset reads a rule file: the JSON that `moat export` writes, or a
+// plain list of addresses and CIDRs, one per line, with # or ; comments, as
+// ipset and FireHOL netsets ship them. A plain list goes to the list named
+// by plainList ("deny" or "allow"). Any bad line fails the whole file, and
+// the error names the line.
+func ReadRuleset(name string, r io.Reader, plainList string) (*Ruleset, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
+		return readJSON(name, data)
+	}
+	return readPlain(name, data, plainList)
+}
+
+func readJSON(name string, data []byte) (*Ruleset, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var rs Ruleset
+	if err := dec.Decode(&rs); err != nil {
+		return nil, fmt.Errorf("%s:%d: %v", name, lineOf(data, dec.InputOffset(), err), jsonMessage(err))
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%s: trailing data after the JSON object", name)
+	}
+	for _, l := range [][]PrefixEntry{rs.Allow, rs.Deny} {
+		for i := range l {
+			l[i].Hits = 0
+		}
+	}
+	for i := range rs.Ports {
+		rs.Ports[i].Hits = 0
+	}
+	if err := rs.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	return &rs, nil
+}
+
+// lineOf finds the line a JSON error refers to.
+func lineOf(data []byte, off int64, err error) int {
+	switch e := err.(type) {
+	case *json.SyntaxError:
+		off = e.Offset
+	case *json.UnmarshalTypeError:
+		off = e.Offset
+	}
+	if off > int64(len(data)) {
+		off = int64(len(data))
+	}
+	return bytes.Count(data[:off], []byte("\n")) + 1
+}
+
+func jsonMessage(err error) string {
+	s := err.Error()
+	return strings.TrimPrefix(s, "json: ")
+}
+
+func readPlain(name string, data []byte, list string) (*Ruleset, error) {
+	if list != "deny" && list != "allow" {
+		return nil, fmt.Errorf("invalid list %q: want deny or allow", list)
+	}
+	var entries []PrefixEntry
+	seen := make(map[netip.Prefix]bool)
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if i := strings.IndexAny(line, "#;"); i >= 0 {
+			line = line[:i]
+		}
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		p, err := ParsePrefix(line)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", name, n, err)
+		}
+		if seen[p] { // netsets repeat entries now and then; one rule serves
+			continue
+		}
+		seen[p] = true
+		entries = append(entries, PrefixEntry{Prefix: p})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	rs := &Ruleset{}
+	if list == "deny" {
+		rs.Deny = entries
+	} else {
+		rs.Allow = entries
+	}
+	return rs, nil
+}

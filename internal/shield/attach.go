@@ -1,0 +1,300 @@
+package shield
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+
+	"github.com/moat-shield/moat/internal/datapath"
+)
+
+// Mode is how the XDP program is attached.
+type Mode string
+
+const (
+	ModeAuto    Mode = ""        // native, falling back to generic
+	ModeNative  Mode = "native"  // in the driver
+	ModeGeneric Mode = "generic" // after the kernel has built an skb
+)
+
+// ParseMode reads a --mode value.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "", "auto":
+		return ModeAuto, nil
+	case "native", "drv", "driver":
+		return ModeNative, nil
+	case "generic", "skb":
+		return ModeGeneric, nil
+	}
+	return "", userErrorf("invalid mode %q: want native or generic", s)
+}
+
+func (s *Shield) ifacesDir() string         { return filepath.Join(s.root, "ifaces") }
+func (s *Shield) ifaceDir(name string) string {
+	return filepath.Join(s.ifacesDir(), pinName(name))
+}
+
+// pinName turns an interface name into a bpffs name: bpffs refuses dots,
+// which VLAN devices such as eth0.100 have. The escape is reversible.
+func pinName(iface string) string {
+	return strings.NewReplacer("%", "%25", ".", "%2e").Replace(iface)
+}
+
+func ifaceName(pin string) string {
+	return strings.NewReplacer("%2e", ".", "%25", "%").Replace(pin)
+}
+
+// filterObjects is what an interface needs from the object: its program and
+// its own counters; the shared maps come from the pins.
+type filterObjects struct {
+	Filter   *ebpf.Program `ebpf:"moat_filter"`
+	Counters *ebpf.Map     `ebpf:"counters"`
+}
+
+func (o *filterObjects) Close() {
+	if o.Filter != nil {
+		o.Filter.Close()
+	}
+	if o.Counters != nil {
+		o.Counters.Close()
+	}
+}
+
+// loadFilter loads the XDP program against the shared maps. counters is
+// the interface's existing counters map, or nil for a new one.
+func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
+	spec := s.spec.Copy()
+	repl := make(map[string]*ebpf.Map, len(s.maps)+1)
+	for name, m := range s.maps {
+		repl[name] = m
+	}
+	if counters != nil {
+		repl[datapath.MoatMapCounters] = counters
+	}
+	var objs filterObjects
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
+		return nil, fmt.Errorf("load XDP program: %w", err)
+	}
+	return &objs, nil
+}
+
+// AttachResult says what Attach did.
+type AttachResult struct {
+	Iface    string
+	Mode     Mode
+	Replaced bool   // an attached program was replaced in place
+	Warning  string // e.g. the fallback to generic mode
+}
+
+// Attach loads the filter on an interface and pins it. If moat is attached
+// there already, the program is replaced through the link (link.Update), so
+// there is no moment without a filter; the counters carry over.
+func (s *Shield) Attach(name string, mode Mode) (AttachResult, error) {
+	iface, err := net.InterfaceByName(name)
+	if err != nil {
+		return AttachResult{}, userErrorf("no interface %q", name)
+	}
+	res := AttachResult{Iface: name}
+	dir := s.ifaceDir(name)
+	if _, err := os.Stat(dir); err == nil {
+		return s.replace(name, iface.Index, mode)
+	}
+
+	objs, err := s.loadFilter(nil)
+	if err != nil {
+		return res, err
+	}
+	defer objs.Close()
+
+	attach := func(flags link.XDPAttachFlags) (link.Link, error) {
+		return link.AttachXDP(link.XDPOptions{Program: objs.Filter, Interface: iface.Index, Flags: flags})
+	}
+	var l link.Link
+	switch mode {
+	case ModeNative:
+		l, err = attach(link.XDPDriverMode)
+		res.Mode = ModeNative
+	case ModeGeneric:
+		l, err = attach(link.XDPGenericMode)
+		res.Mode = ModeGeneric
+	default:
+		res.Mode = ModeNative
+		l, err = attach(link.XDPDriverMode)
+		if err != nil {
+			res.Mode = ModeGeneric
+			res.Warning = fmt.Sprintf("native XDP is not available on %s (%v); attached in generic mode, which is much slower", name, err)
+			l, err = attach(link.XDPGenericMode)
+		}
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrExist) || errors.Is(err, ebpf.ErrNotSupported) {
+			return res, userErrorf("attach to %s: %v (is another XDP program attached?)", name, err)
+		}
+		return res, fmt.Errorf("attach to %s: %w", name, err)
+	}
+	defer l.Close()
+
+	// Pin into a temporary directory and rename it into place, so that a
+	// reader finds either nothing or the whole set.
+	if err := os.MkdirAll(s.ifacesDir(), 0o700); err != nil {
+		return res, err
+	}
+	tmp, err := os.MkdirTemp(s.ifacesDir(), tmpPrefix+"attach-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(tmp)
+	for path, pin := range map[string]func(string) error{
+		"link": l.Pin, "prog": objs.Filter.Pin, "counters": objs.Counters.Pin,
+	} {
+		if err := pin(filepath.Join(tmp, path)); err != nil {
+			return res, fmt.Errorf("pin %s: %w", path, err)
+		}
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return res, fmt.Errorf("pin %s: %w", dir, err)
+	}
+	return res, nil
+}
+
+// replace swaps the program behind an interface's pinned link.
+func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, error) {
+	res := AttachResult{Iface: name, Replaced: true}
+	dir := s.ifaceDir(name)
+	cur, err := currentMode(ifindex)
+	if err != nil {
+		return res, err
+	}
+	res.Mode = cur
+	if mode != ModeAuto && mode != cur {
+		return res, userErrorf("%s is attached in %s mode; detach it first to change the mode", name, cur)
+	}
+	l, err := link.LoadPinnedLink(filepath.Join(dir, "link"), nil)
+	if err != nil {
+		return res, fmt.Errorf("open pinned link of %s: %w", name, err)
+	}
+	defer l.Close()
+	counters, err := ebpf.LoadPinnedMap(filepath.Join(dir, "counters"), nil)
+	if err != nil {
+		return res, fmt.Errorf("open counters of %s: %w", name, err)
+	}
+	defer counters.Close()
+	objs, err := s.loadFilter(counters)
+	if err != nil {
+		return res, err
+	}
+	defer objs.Close()
+	if err := l.Update(objs.Filter); err != nil {
+		return res, fmt.Errorf("replace program on %s: %w", name, err)
+	}
+	next := filepath.Join(dir, "prog-new")
+	if err := objs.Filter.Pin(next); err != nil {
+		return res, err
+	}
+	return res, os.Rename(next, filepath.Join(dir, "prog"))
+}
+
+// currentMode asks the kernel how XDP is attached to an interface.
+func currentMode(ifindex int) (Mode, error) {
+	nl, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return "", fmt.Errorf("read interface %d: %w", ifindex, err)
+	}
+	if x := nl.Attrs().Xdp; x != nil {
+		switch x.AttachMode {
+		case nlXDPAttachedDrv:
+			return ModeNative, nil
+		case nlXDPAttachedSkb:
+			return ModeGeneric, nil
+		}
+	}
+	return "", nil
+}
+
+const (
+	nlXDPAttachedDrv = nl.XDP_ATTACHED_DRV
+	nlXDPAttachedSkb = nl.XDP_ATTACHED_SKB
+)
+
+// Detach removes moat from an interface: the link is unpinned and closed,
+// which detaches the program, and the interface's pins are removed.
+func (s *Shield) Detach(name string) error {
+	dir := s.ifaceDir(name)
+	if _, err := os.Stat(dir); err != nil {
+		return userErrorf("moat is not attached to %s", name)
+	}
+	l, err := link.LoadPinnedLink(filepath.Join(dir, "link"), nil)
+	if err == nil {
+		l.Unpin()
+		l.Close()
+	}
+	return os.RemoveAll(dir)
+}
+
+// attachedNames lists the interfaces moat has pins for.
+func (s *Shield) attachedNames() ([]string, error) {
+	ents, err := os.ReadDir(s.ifacesDir())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), tmpPrefix) {
+			out = append(out, ifaceName(e.Name()))
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Attachment describes moat on one interface.
+type Attachment struct {
+	Iface     string `json:"iface"`
+	Ifindex   int    `json:"ifindex"`
+	Mode      Mode   `json:"mode"`
+	ProgramID uint32 `json:"program_id"`
+	LinkID    uint32 `json:"link_id"`
+	Present   bool   `json:"present"` // false when the interface has gone away
+}
+
+// Attachments lists the interfaces moat is attached to.
+func (s *Shield) Attachments() ([]Attachment, error) {
+	names, err := s.attachedNames()
+	if err != nil {
+		return nil, err
+	}
+	var out []Attachment
+	for _, name := range names {
+		a := Attachment{Iface: name}
+		if l, err := link.LoadPinnedLink(filepath.Join(s.ifaceDir(name), "link"), nil); err == nil {
+			if info, err := l.Info(); err == nil {
+				a.ProgramID = uint32(info.Program)
+				a.LinkID = uint32(info.ID)
+				if x := info.XDP(); x != nil {
+					a.Ifindex = int(x.Ifindex)
+				}
+			}
+			l.Close()
+		}
+		if a.Ifindex != 0 {
+			if m, err := currentMode(a.Ifindex); err == nil && m != "" {
+				a.Mode, a.Present = m, true
+			}
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}

@@ -1,0 +1,84 @@
+package shield
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/moat-shield/moat/internal/datapath"
+)
+
+// Reason names a counter slot of the data path (enum verdict_reason).
+type Reason = datapath.MoatVerdictReason
+
+// ReasonNames are the names the CLI and metrics use for each reason.
+var ReasonNames = map[Reason]string{
+	datapath.MoatVerdictReasonREASON_PASS:       "pass",
+	datapath.MoatVerdictReasonREASON_NON_IP:     "non_ip",
+	datapath.MoatVerdictReasonREASON_ALLOWLIST:  "allowlist",
+	datapath.MoatVerdictReasonREASON_DENYLIST:   "denylist",
+	datapath.MoatVerdictReasonREASON_PORT_DROP:  "port_drop",
+	datapath.MoatVerdictReasonREASON_PORT_ALLOW: "port_allow",
+	datapath.MoatVerdictReasonREASON_FRAGMENT:   "fragment",
+	datapath.MoatVerdictReasonREASON_MALFORMED:  "malformed",
+}
+
+// Count is a packet and byte count.
+type Count struct {
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+func (c *Count) add(o Count) { c.Packets += o.Packets; c.Bytes += o.Bytes }
+
+// Counters are an interface's counters, summed over CPUs.
+type Counters struct {
+	Passed  Count `json:"passed"`
+	Dropped Count `json:"dropped"`
+	// ByReason holds the counts per reason, split by verdict.
+	ByReason map[string]ReasonCount `json:"by_reason"`
+}
+
+// ReasonCount is one reason's counts.
+type ReasonCount struct {
+	Passed  Count `json:"passed"`
+	Dropped Count `json:"dropped"`
+}
+
+// Counters reads one interface's counters.
+func (s *Shield) Counters(iface string) (Counters, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(s.ifaceDir(iface), "counters"), nil)
+	if err != nil {
+		return Counters{}, userErrorf("moat is not attached to %s", iface)
+	}
+	defer m.Close()
+	return ReadCounters(m)
+}
+
+// ReadCounters sums a counters map over CPUs.
+func ReadCounters(m *ebpf.Map) (Counters, error) {
+	out := Counters{ByReason: map[string]ReasonCount{}}
+	for reason, name := range ReasonNames {
+		var rc ReasonCount
+		for drop := uint32(0); drop < 2; drop++ {
+			var perCPU []datapath.MoatVerdictCounter
+			if err := m.Lookup(uint32(reason)*2+drop, &perCPU); err != nil {
+				return out, fmt.Errorf("read counters: %w", err)
+			}
+			var c Count
+			for _, v := range perCPU {
+				c.add(Count{v.Packets, v.Bytes})
+			}
+			if drop == 1 {
+				rc.Dropped = c
+				out.Dropped.add(c)
+			} else {
+				rc.Passed = c
+				out.Passed.add(c)
+			}
+		}
+		out.ByReason[name] = rc
+	}
+	return out, nil
+}

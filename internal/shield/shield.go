@@ -1,0 +1,202 @@
+// Package shield owns moat's pinned state on bpffs: the rule maps shared by
+// every interface, and per interface the XDP program, its bpf_link and its
+// counters. Every command of the CLI works through it.
+//
+// Layout under the root (default /sys/fs/bpf/moat):
+//
+//	maps/<name>              rule maps and settings, shared
+//	ifaces/<ifname>/link     the XDP bpf_link; keeps the program attached
+//	ifaces/<ifname>/prog     the program the link runs
+//	ifaces/<ifname>/counters per-interface verdict counters
+package shield
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/datapath"
+)
+
+// DefaultRoot is where moat pins its state.
+const DefaultRoot = "/sys/fs/bpf/moat"
+
+// tmpPrefix starts the names of directories being filled before they are
+// renamed into place. bpffs refuses dots in names, so no dot-files here.
+const tmpPrefix = "tmp-"
+
+// sharedMaps are the maps every attached interface uses; everything else in
+// the object (the counters) is per interface.
+var sharedMaps = []string{
+	datapath.MoatMapAllowV4Hosts, datapath.MoatMapAllowV6Hosts,
+	datapath.MoatMapAllowV4Nets, datapath.MoatMapAllowV6Nets,
+	datapath.MoatMapDenyV4Hosts, datapath.MoatMapDenyV6Hosts,
+	datapath.MoatMapDenyV4Nets, datapath.MoatMapDenyV6Nets,
+	datapath.MoatMapComments, datapath.MoatMapPortRules,
+	datapath.MoatMapPortRuleHits, datapath.MoatMapSettings,
+}
+
+// UserError marks an error caused by what the user asked for (a bad
+// prefix, a rule that exists, a missing interface), as opposed to a
+// failure of the system. The CLI exits with status 2 for these.
+type UserError struct{ Err error }
+
+func (e *UserError) Error() string { return e.Err.Error() }
+func (e *UserError) Unwrap() error { return e.Err }
+
+func userErrorf(format string, args ...any) error {
+	return &UserError{fmt.Errorf(format, args...)}
+}
+
+// Shield is an open handle on the pinned state.
+type Shield struct {
+	root string
+	spec *ebpf.CollectionSpec
+	maps map[string]*ebpf.Map
+	lock *os.File
+}
+
+// Open opens the pinned state under root, creating the shared maps if they
+// do not exist yet. It takes an exclusive lock on the state that is held
+// until Close, so concurrent commands never interleave their changes.
+func Open(root string) (*Shield, error) {
+	if err := ensureBPFFS(filepath.Dir(root)); err != nil {
+		return nil, err
+	}
+	spec, err := datapath.LoadMoat()
+	if err != nil {
+		return nil, fmt.Errorf("load BPF object: %w", err)
+	}
+	s := &Shield{root: root, spec: spec, maps: map[string]*ebpf.Map{}}
+	if err := s.lockRoot(); err != nil {
+		return nil, err
+	}
+	if err := s.openMaps(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Root is the bpffs directory of this state.
+func (s *Shield) Root() string { return s.root }
+
+// Close releases the maps and the lock. Pinned state stays in place.
+func (s *Shield) Close() error {
+	for _, m := range s.maps {
+		m.Close()
+	}
+	s.maps = nil
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
+	}
+	return nil
+}
+
+// Map returns one of the shared maps by its name in the BPF object.
+func (s *Shield) Map(name string) *ebpf.Map { return s.maps[name] }
+
+// ensureBPFFS mounts bpffs on dir's filesystem root if it is not mounted,
+// as on a fresh boot of a minimal system.
+func ensureBPFFS(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if dir != "/sys/fs/bpf" {
+		return fmt.Errorf("%s is not on a bpf filesystem", dir)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// lockRoot serialises writers. The lock file lives in /run, not on bpffs,
+// so that it never appears among the pins.
+func (s *Shield) lockRoot() error {
+	name := "/run/moat-" + filepath.Base(s.root) + ".lock"
+	if st, err := os.Stat(filepath.Dir(s.root)); err == nil {
+		if sys, ok := st.Sys().(*unix.Stat_t); ok {
+			name = fmt.Sprintf("/run/moat-%d-%s.lock", sys.Ino, filepath.Base(s.root))
+		}
+	}
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("lock moat state: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return fmt.Errorf("lock moat state: %w", err)
+	}
+	s.lock = f
+	return nil
+}
+
+func (s *Shield) mapsDir() string { return filepath.Join(s.root, "maps") }
+
+// openMaps loads the pinned shared maps, or creates and pins them. New maps
+// are pinned in a temporary directory that is renamed into place, so a
+// reader never sees half a set.
+func (s *Shield) openMaps() error {
+	if _, err := os.Stat(s.mapsDir()); err == nil {
+		for _, name := range sharedMaps {
+			m, err := ebpf.LoadPinnedMap(filepath.Join(s.mapsDir(), name), nil)
+			if err != nil {
+				return fmt.Errorf("open pinned map %s: %w", name, err)
+			}
+			if err := s.spec.Maps[name].Compatible(m); err != nil {
+				m.Close()
+				return fmt.Errorf("pinned map %s does not match this version of moat: %w", name, err)
+			}
+			s.maps[name] = m
+		}
+		return nil
+	}
+
+	if err := os.MkdirAll(s.root, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(s.root, tmpPrefix+"maps-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	for _, name := range sharedMaps {
+		m, err := ebpf.NewMap(s.spec.Maps[name])
+		if err != nil {
+			return fmt.Errorf("create map %s: %w", name, err)
+		}
+		s.maps[name] = m
+		if err := m.Pin(filepath.Join(tmp, name)); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	if err := s.writeSettings(defaultSettings()); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, s.mapsDir()); err != nil {
+		return fmt.Errorf("pin maps: %w", err)
+	}
+	return nil
+}
+
+// Remove unpins everything under the root: every interface's program and
+// link (which detaches them) and the shared maps.
+func (s *Shield) Remove() error {
+	ifaces, err := s.attachedNames()
+	if err != nil {
+		return err
+	}
+	for _, name := range ifaces {
+		if err := s.Detach(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return os.RemoveAll(s.root)
+}
