@@ -9,6 +9,7 @@
 #include "moat_maps.h"
 #include "parsing.h"
 #include "policy.h"
+#include "syncookie.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -83,10 +84,23 @@ int moat_filter(struct xdp_md *ctx)
 			       cfg->fragments == FRAGMENTS_DROP ? XDP_DROP : XDP_PASS);
 
 	prule = match_port(&pkt);
-	if (prule) {
-		if (prule->action == ACTION_DROP)
-			return verdict(ctx, REASON_PORT_DROP, XDP_DROP);
+	if (prule && prule->action == ACTION_DROP)
+		return verdict(ctx, REASON_PORT_DROP, XDP_DROP);
+
+	/* SYN flood defence (syncookie.h): answers SYNs with cookies, drops
+	 * ACKs that fit no socket; counted in syn_stats, not here. */
+	ret = syn_defend(ctx, &pkt);
+	if (ret != SYN_CONTINUE)
+		return ret;
+
+	if (prule)
 		return verdict(ctx, REASON_PORT_ALLOW, XDP_PASS);
-	}
 	return verdict(ctx, REASON_PASS, XDP_PASS);
+}
+
+/* tc ingress half of the SYN defence: accepts moat cookie handshakes. */
+SEC("tc")
+int moat_syn_accept(struct __sk_buff *skb)
+{
+	return syn_accept(skb);
 }

@@ -9,6 +9,7 @@
 
 #include "moat_consts.h"
 #include "moat_structs.h"
+#include "syn_maps.h" /* SYN flood defence maps */
 
 /* Exact hosts live in hash maps beside the tries: loading a million /32s
  * into a hash map is several times faster than into an LPM trie, and the

@@ -108,16 +108,20 @@ static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *
 	if (iph->version != 4 || iph->ihl < 5)
 		return PARSE_MALFORMED;
 	hdr_len = iph->ihl * 4;
-	tot_len = bpf_ntohs(iph->tot_len);
-	if (tot_len < hdr_len)
-		return PARSE_MALFORMED;
-	if (c->pos + hdr_len > c->end || c->pos + tot_len > c->end)
+	if (c->pos + hdr_len > c->end)
 		return PARSE_MALFORMED;
 
+	/* The header is whole, so source rules apply even when the length
+	 * below is a lie: a denied source must not get through by claiming
+	 * more bytes than it sent (malformed policy "pass"). */
 	p->family = 4;
 	__builtin_memcpy(p->saddr, &iph->saddr, 4);
 	__builtin_memcpy(p->daddr, &iph->daddr, 4);
 	p->addr_ok = 1;
+
+	tot_len = bpf_ntohs(iph->tot_len);
+	if (tot_len < hdr_len || c->pos + tot_len > c->end)
+		return PARSE_MALFORMED;
 	*l4proto = iph->protocol;
 
 	frag = bpf_ntohs(iph->frag_off);
@@ -150,13 +154,14 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 		return PARSE_MALFORMED;
 	if (ip6h->version != 6)
 		return PARSE_MALFORMED;
-	if ((void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
-		return PARSE_MALFORMED;
 
+	/* Whole header: source rules apply whatever the payload length says. */
 	p->family = 6;
 	__builtin_memcpy(p->saddr, &ip6h->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip6h->daddr, 16);
 	p->addr_ok = 1;
+	if ((void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
+		return PARSE_MALFORMED;
 	c->l3_end = (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len);
 	c->pos = ip6h + 1;
 	nexthdr = ip6h->nexthdr;

@@ -36,7 +36,11 @@ match_prefix(void *hosts, void *nets, const __u8 *addr, int family, int fail_clo
 			return NULL;
 		if (rule_live(r))
 			return r;
-		if (r->prefixlen == 0 || r->prefixlen > key.prefixlen)
+		/* An expired /0 has nothing shorter behind it: no rule is in
+		 * force, and failing closed here would deny everything. */
+		if (r->prefixlen == 0)
+			return NULL;
+		if (r->prefixlen > key.prefixlen)
 			return fail_closed ? r : NULL;
 		key.prefixlen = r->prefixlen - 1;
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"text/tabwriter"
 
@@ -21,6 +22,16 @@ func newAttachCmd(g *globals) *cobra.Command {
 			m, err := shield.ParseMode(mode)
 			if err != nil {
 				return err
+			}
+			// Refuse a missing interface before attaching to any, so that
+			// a refused command changes nothing.
+			if err := checkNames(ifaces); err != nil {
+				return err
+			}
+			for _, name := range ifaces {
+				if _, err := net.InterfaceByName(name); err != nil {
+					return usagef("no interface %q", name)
+				}
 			}
 			s, err := g.open()
 			if err != nil {
@@ -78,6 +89,9 @@ func newDetachCmd(g *globals) *cobra.Command {
 					ifaces = append(ifaces, a.Iface)
 				}
 			}
+			if err := checkNames(ifaces); err != nil {
+				return err
+			}
 			for _, name := range ifaces {
 				if !attached[name] {
 					return usagef("moat is not attached to %s", name)
@@ -102,6 +116,19 @@ func newDetachCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&all, "all", false, "detach from every interface")
 	cmd.Flags().BoolVar(&keepRules, "keep-rules", false, "keep the rule maps pinned after the last detach")
 	return cmd
+}
+
+// checkNames refuses an interface named twice: the second attach or detach
+// would act on the state the first had just changed.
+func checkNames(ifaces []string) error {
+	seen := map[string]bool{}
+	for _, name := range ifaces {
+		if seen[name] {
+			return usagef("interface %s given twice", name)
+		}
+		seen[name] = true
+	}
+	return nil
 }
 
 // Status is what `moat status --json` prints.

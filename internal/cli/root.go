@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -31,7 +32,8 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Errorf(fo
 
 // Main runs the command line and returns the process exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
-	root := NewRoot()
+	g := &globals{}
+	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -43,6 +45,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var ue *usageError
 	var se *shield.UserError
 	if errors.As(err, &ue) || errors.As(err, &se) || isFlagError(err) {
+		if g.created {
+			g.discard()
+		}
 		return exitUsage
 	}
 	return exitFailure
@@ -58,17 +63,24 @@ func isFlagError(err error) bool {
 type flagError struct{ error }
 
 type globals struct {
-	root string
+	root    string
+	created bool // open found no state under root and so created it
 }
 
 // NewRoot builds the command tree.
-func NewRoot() *cobra.Command {
-	g := &globals{}
+func NewRoot() *cobra.Command { return newRoot(&globals{}) }
+
+func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "moat",
 		Short:         "moat: an XDP/eBPF DDoS shield",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// With Args and RunE set, cobra hands a mistyped command to the
+		// root, which refuses it as a usage error; otherwise cobra fails
+		// with an untyped, multi-line "unknown command" error.
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	def := os.Getenv("MOAT_ROOT")
 	if def == "" {
@@ -97,7 +109,29 @@ func (g *globals) open() (*shield.Shield, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("moat needs root (CAP_BPF and CAP_NET_ADMIN)")
 	}
+	if _, err := os.Stat(g.root); errors.Is(err, fs.ErrNotExist) {
+		g.created = true
+	}
 	return shield.Open(g.root)
+}
+
+// discard removes the empty state that a refused command created, so that
+// a refused command changes nothing on a host where moat was not set up.
+func (g *globals) discard() {
+	s, err := shield.Open(g.root)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	atts, err := s.Attachments()
+	if err != nil || len(atts) > 0 {
+		return
+	}
+	rs, err := s.Snapshot()
+	if err != nil || len(rs.Allow)+len(rs.Deny)+len(rs.Ports) > 0 {
+		return
+	}
+	s.Remove()
 }
 
 // args wraps cobra's positional-argument checks so their errors count as

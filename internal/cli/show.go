@@ -2,8 +2,10 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -241,7 +243,11 @@ func newImportCmd(g *globals) *cobra.Command {
 				defer f.Close()
 				r = bufio.NewReaderSize(f, 1<<20)
 			}
-			rs, err := rules.ReadRuleset(name, r, list)
+			data, err := io.ReadAll(r)
+			if err != nil {
+				return usagef("%s: %v", name, err)
+			}
+			rs, err := rules.ReadRuleset(name, bytes.NewReader(data), list)
 			if err != nil {
 				return &usageError{err}
 			}
@@ -251,7 +257,12 @@ func newImportCmd(g *globals) *cobra.Command {
 			}
 			defer s.Close()
 			start := time.Now()
-			res, err := s.Apply(rs, replace)
+			var res shield.ApplyResult
+			if t := bytes.TrimSpace(data); replace && (len(t) == 0 || t[0] != '{') {
+				res, err = replaceList(s, rs, list)
+			} else {
+				res, err = s.Apply(rs, replace)
+			}
 			if err != nil {
 				return err
 			}
@@ -261,8 +272,43 @@ func newImportCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&list, "list", "deny", "list that a plain file goes to: deny or allow")
-	cmd.Flags().BoolVar(&replace, "replace", false, "make the rules equal to the file (new entries go in before old ones go out)")
+	cmd.Flags().BoolVar(&replace, "replace", false, "make the rules equal to the file (new entries go in before old ones go out); a plain list replaces only the list named by --list")
 	return cmd
+}
+
+// replaceList makes one list equal to a plain file. A plain file holds one
+// list only, so --replace must not empty the other list and the port
+// rules, as replacing with the whole (mostly empty) ruleset would.
+func replaceList(s *shield.Shield, rs *rules.Ruleset, list string) (shield.ApplyResult, error) {
+	l, entries := shield.DenyList, rs.Deny
+	if list == "allow" {
+		l, entries = shield.AllowList, rs.Allow
+	}
+	res, err := s.Apply(rs, false)
+	if err != nil {
+		return res, err
+	}
+	keep := make(map[netip.Prefix]bool, len(entries))
+	for _, e := range entries {
+		keep[e.Prefix] = true
+	}
+	have, err := s.Entries(l)
+	if err != nil {
+		return res, err
+	}
+	var gone []netip.Prefix
+	for _, e := range have {
+		if !keep[e.Prefix] {
+			gone = append(gone, e.Prefix)
+		}
+	}
+	if len(gone) > 0 {
+		if err := s.RemovePrefixes(l, gone); err != nil {
+			return res, err
+		}
+	}
+	res.Removed = len(gone)
+	return res, nil
 }
 
 func newExportCmd(g *globals) *cobra.Command {

@@ -102,6 +102,85 @@ type MoatRuntimeSettings struct {
 	Malformed uint32
 }
 
+type MoatSynConfig struct {
+	_                structs.HostLayout
+	HoldNs           uint64
+	CookieLifetimeNs uint64
+	MssV4            uint16
+	MssV6            uint16
+	RcvWscale        uint8
+	Ecn              uint8
+	Pad              [2]uint8
+}
+
+type MoatSynCookieBits uint32
+
+const (
+	MoatSynCookieBitsSYN_COOKIE_WSCALE_MASK MoatSynCookieBits = 15
+	MoatSynCookieBitsSYN_COOKIE_NO_WSCALE   MoatSynCookieBits = 15
+	MoatSynCookieBitsSYN_COOKIE_MSS_SHIFT   MoatSynCookieBits = 4
+	MoatSynCookieBitsSYN_COOKIE_MSS_MASK    MoatSynCookieBits = 7
+	MoatSynCookieBitsSYN_COOKIE_SACK        MoatSynCookieBits = 128
+	MoatSynCookieBitsSYN_COOKIE_ECN         MoatSynCookieBits = 256
+	MoatSynCookieBitsSYN_COOKIE_KEY         MoatSynCookieBits = 512
+	MoatSynCookieBitsSYN_COOKIE_META_MASK   MoatSynCookieBits = 1023
+	MoatSynCookieBitsSYN_COOKIE_MSS_ENTRIES MoatSynCookieBits = 8
+)
+
+type MoatSynCookieMsg struct {
+	_         structs.HostLayout
+	Saddr     [16]uint8
+	Daddr     [16]uint8
+	Sport     uint16
+	Dport     uint16
+	ClientIsn uint32
+	Meta      uint32
+	Family    uint32
+}
+
+type MoatSynKey struct {
+	_  structs.HostLayout
+	K0 uint64
+	K1 uint64
+}
+
+type MoatSynKeyState struct {
+	_          structs.HostLayout
+	Generation uint64
+	RotatedNs  uint64
+}
+
+type MoatSynMode uint32
+
+const (
+	MoatSynModeSYN_MODE_OFF    MoatSynMode = 0
+	MoatSynModeSYN_MODE_NEVER  MoatSynMode = 1
+	MoatSynModeSYN_MODE_ALWAYS MoatSynMode = 2
+	MoatSynModeSYN_MODE_AUTO   MoatSynMode = 3
+)
+
+type MoatSynPort struct {
+	_               structs.HostLayout
+	Mode            uint8
+	Flooding        uint8
+	Pad             uint16
+	WindowThreshold uint32
+	LastFloodNs     uint64
+	LastChangeNs    uint64
+}
+
+type MoatSynPortStats struct {
+	_               structs.HostLayout
+	Syns            uint64
+	CookiesIssued   uint64
+	CookiesAccepted uint64
+	CookiesRejected uint64
+	AcksDropped     uint64
+	AcceptErrors    uint64
+	WinStartNs      uint64
+	WinSyns         uint64
+}
+
 type MoatVerdictCounter struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -126,21 +205,28 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	MoatMapAllowV4Hosts        = "allow_v4_hosts"
-	MoatMapAllowV4Nets         = "allow_v4_nets"
-	MoatMapAllowV6Hosts        = "allow_v6_hosts"
-	MoatMapAllowV6Nets         = "allow_v6_nets"
-	MoatMapComments            = "comments"
-	MoatMapCounters            = "counters"
-	MoatMapDenyV4Hosts         = "deny_v4_hosts"
-	MoatMapDenyV4Nets          = "deny_v4_nets"
-	MoatMapDenyV6Hosts         = "deny_v6_hosts"
-	MoatMapDenyV6Nets          = "deny_v6_nets"
-	MoatMapPortRuleHits        = "port_rule_hits"
-	MoatMapPortRules           = "port_rules"
-	MoatMapSettings            = "settings"
-	MoatProgMoatFilter         = "moat_filter"
-	MoatVarUnusedExportedTypes = "unused_exported_types"
+	MoatMapAllowV4Hosts           = "allow_v4_hosts"
+	MoatMapAllowV4Nets            = "allow_v4_nets"
+	MoatMapAllowV6Hosts           = "allow_v6_hosts"
+	MoatMapAllowV6Nets            = "allow_v6_nets"
+	MoatMapComments               = "comments"
+	MoatMapCounters               = "counters"
+	MoatMapDenyV4Hosts            = "deny_v4_hosts"
+	MoatMapDenyV4Nets             = "deny_v4_nets"
+	MoatMapDenyV6Hosts            = "deny_v6_hosts"
+	MoatMapDenyV6Nets             = "deny_v6_nets"
+	MoatMapPortRuleHits           = "port_rule_hits"
+	MoatMapPortRules              = "port_rules"
+	MoatMapSettings               = "settings"
+	MoatMapSynKeys                = "syn_keys"
+	MoatMapSynPorts               = "syn_ports"
+	MoatMapSynRotation            = "syn_rotation"
+	MoatMapSynSettings            = "syn_settings"
+	MoatMapSynStats               = "syn_stats"
+	MoatProgMoatFilter            = "moat_filter"
+	MoatProgMoatSynAccept         = "moat_syn_accept"
+	MoatVarUnusedExportedTypes    = "unused_exported_types"
+	MoatVarUnusedSynExportedTypes = "unused_syn_exported_types"
 )
 
 // LoadMoat returns the embedded CollectionSpec for Moat.
@@ -185,7 +271,8 @@ type MoatSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatProgramSpecs struct {
-	MoatFilter *ebpf.ProgramSpec `ebpf:"moat_filter"`
+	MoatFilter    *ebpf.ProgramSpec `ebpf:"moat_filter"`
+	MoatSynAccept *ebpf.ProgramSpec `ebpf:"moat_syn_accept"`
 }
 
 // MoatMapSpecs contains maps before they are loaded into the kernel.
@@ -205,13 +292,19 @@ type MoatMapSpecs struct {
 	PortRuleHits *ebpf.MapSpec `ebpf:"port_rule_hits"`
 	PortRules    *ebpf.MapSpec `ebpf:"port_rules"`
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
+	SynKeys      *ebpf.MapSpec `ebpf:"syn_keys"`
+	SynPorts     *ebpf.MapSpec `ebpf:"syn_ports"`
+	SynRotation  *ebpf.MapSpec `ebpf:"syn_rotation"`
+	SynSettings  *ebpf.MapSpec `ebpf:"syn_settings"`
+	SynStats     *ebpf.MapSpec `ebpf:"syn_stats"`
 }
 
 // MoatVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatVariableSpecs struct {
-	UnusedExportedTypes *ebpf.VariableSpec `ebpf:"unused_exported_types"`
+	UnusedExportedTypes    *ebpf.VariableSpec `ebpf:"unused_exported_types"`
+	UnusedSynExportedTypes *ebpf.VariableSpec `ebpf:"unused_syn_exported_types"`
 }
 
 // MoatObjects contains all objects after they have been loaded into the kernel.
@@ -247,6 +340,11 @@ type MoatMaps struct {
 	PortRuleHits *ebpf.Map `ebpf:"port_rule_hits"`
 	PortRules    *ebpf.Map `ebpf:"port_rules"`
 	Settings     *ebpf.Map `ebpf:"settings"`
+	SynKeys      *ebpf.Map `ebpf:"syn_keys"`
+	SynPorts     *ebpf.Map `ebpf:"syn_ports"`
+	SynRotation  *ebpf.Map `ebpf:"syn_rotation"`
+	SynSettings  *ebpf.Map `ebpf:"syn_settings"`
+	SynStats     *ebpf.Map `ebpf:"syn_stats"`
 }
 
 func (m *MoatMaps) Close() error {
@@ -264,6 +362,11 @@ func (m *MoatMaps) Close() error {
 		m.PortRuleHits,
 		m.PortRules,
 		m.Settings,
+		m.SynKeys,
+		m.SynPorts,
+		m.SynRotation,
+		m.SynSettings,
+		m.SynStats,
 	)
 }
 
@@ -271,19 +374,22 @@ func (m *MoatMaps) Close() error {
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatVariables struct {
-	UnusedExportedTypes *ebpf.Variable `ebpf:"unused_exported_types"`
+	UnusedExportedTypes    *ebpf.Variable `ebpf:"unused_exported_types"`
+	UnusedSynExportedTypes *ebpf.Variable `ebpf:"unused_syn_exported_types"`
 }
 
 // MoatPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatPrograms struct {
-	MoatFilter *ebpf.Program `ebpf:"moat_filter"`
+	MoatFilter    *ebpf.Program `ebpf:"moat_filter"`
+	MoatSynAccept *ebpf.Program `ebpf:"moat_syn_accept"`
 }
 
 func (p *MoatPrograms) Close() error {
 	return _MoatClose(
 		p.MoatFilter,
+		p.MoatSynAccept,
 	)
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -154,6 +155,13 @@ func readJSON(name string, data []byte) (*Ruleset, error) {
 	dec.DisallowUnknownFields()
 	var rs Ruleset
 	if err := dec.Decode(&rs); err != nil {
+		// encoding/json reports most errors only once the whole object is
+		// read, so its offset names the last line; find the culprit.
+		if _, syntax := err.(*json.SyntaxError); !syntax {
+			if off, e := locateJSONError(data, reflect.TypeOf(rs)); e != nil {
+				return nil, fmt.Errorf("%s:%d: %v", name, lineOf(data, off, nil), jsonMessage(e))
+			}
+		}
 		return nil, fmt.Errorf("%s:%d: %v", name, lineOf(data, dec.InputOffset(), err), jsonMessage(err))
 	}
 	if dec.More() {
@@ -229,4 +237,125 @@ func readPlain(name string, data []byte, list string) (*Ruleset, error) {
 		rs.Allow = entries
 	}
 	return rs, nil
+}
+
+// locateJSONError walks data against the shape of t and returns the offset
+// and error of the first unknown key or bad value in document order, or a
+// nil error if it finds none.
+func locateJSONError(data []byte, t reflect.Type) (int64, error) {
+	w := jsonWalker{data: data, dec: json.NewDecoder(bytes.NewReader(data))}
+	err := w.value(t)
+	return w.off, err
+}
+
+type jsonWalker struct {
+	data []byte
+	dec  *json.Decoder
+	off  int64 // where the error found lies
+}
+
+// next returns the offset where the next token starts.
+func (w *jsonWalker) next() int64 {
+	off := w.dec.InputOffset()
+	for off < int64(len(w.data)) && strings.IndexByte(" \t\r\n,:", w.data[off]) >= 0 {
+		off++
+	}
+	return off
+}
+
+var (
+	jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[interface{ UnmarshalText([]byte) error }]()
+)
+
+func (w *jsonWalker) value(t reflect.Type) error {
+	start := w.next()
+	fail := func(err error) error { w.off = start; return err }
+	if start < int64(len(w.data)) && w.data[start] == 'n' { // null fits every pointer, slice and map
+		var raw json.RawMessage
+		if err := w.dec.Decode(&raw); err != nil {
+			return fail(err)
+		}
+		return nil
+	}
+	pt := reflect.PointerTo(t)
+	custom := pt.Implements(jsonUnmarshalerType) || pt.Implements(textUnmarshalerType)
+	switch {
+	case !custom && t.Kind() == reflect.Pointer:
+		return w.value(t.Elem())
+	case !custom && t.Kind() == reflect.Struct:
+		if tok, err := w.dec.Token(); err != nil || tok != json.Delim('{') {
+			return w.leafAfter(start, t, tok, err)
+		}
+		for w.dec.More() {
+			keyStart := w.next()
+			tok, err := w.dec.Token()
+			if err != nil {
+				w.off = keyStart
+				return err
+			}
+			key, _ := tok.(string)
+			f, ok := jsonField(t, key)
+			if !ok {
+				w.off = keyStart
+				return fmt.Errorf("unknown field %q", key)
+			}
+			if err := w.value(f.Type); err != nil {
+				return err
+			}
+		}
+		_, err := w.dec.Token()
+		return err
+	case !custom && t.Kind() == reflect.Slice:
+		if tok, err := w.dec.Token(); err != nil || tok != json.Delim('[') {
+			return w.leafAfter(start, t, tok, err)
+		}
+		for w.dec.More() {
+			if err := w.value(t.Elem()); err != nil {
+				return err
+			}
+		}
+		_, err := w.dec.Token()
+		return err
+	}
+	var raw json.RawMessage
+	if err := w.dec.Decode(&raw); err != nil {
+		return fail(err)
+	}
+	if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// leafAfter reports a value of the wrong kind where an object or array
+// belongs.
+func (w *jsonWalker) leafAfter(start int64, t reflect.Type, tok json.Token, err error) error {
+	w.off = start
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("cannot unmarshal %v into a value of type %s", tok, t)
+}
+
+// jsonField finds the struct field a key decodes into, matching names
+// without regard to case as encoding/json does.
+func jsonField(t reflect.Type, key string) (reflect.StructField, bool) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		if strings.EqualFold(name, key) {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -13,8 +14,10 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/syncookie"
 )
 
 // Mode is how the XDP program is attached.
@@ -39,7 +42,7 @@ func ParseMode(s string) (Mode, error) {
 	return "", userErrorf("invalid mode %q: want native or generic", s)
 }
 
-func (s *Shield) ifacesDir() string         { return filepath.Join(s.root, "ifaces") }
+func (s *Shield) ifacesDir() string { return filepath.Join(s.root, "ifaces") }
 func (s *Shield) ifaceDir(name string) string {
 	return filepath.Join(s.ifacesDir(), pinName(name))
 }
@@ -57,16 +60,19 @@ func ifaceName(pin string) string {
 // filterObjects is what an interface needs from the object: its program and
 // its own counters; the shared maps come from the pins.
 type filterObjects struct {
-	Filter   *ebpf.Program `ebpf:"moat_filter"`
-	Counters *ebpf.Map     `ebpf:"counters"`
+	Filter *ebpf.Program `ebpf:"moat_filter"`
+	// SynAccept completes handshakes whose cookie the filter issued; it
+	// runs at tcx ingress because the kfunc that hands the kernel a request
+	// socket exists only for skb programs.
+	SynAccept *ebpf.Program `ebpf:"moat_syn_accept"`
+	Counters  *ebpf.Map     `ebpf:"counters"`
 }
 
 func (o *filterObjects) Close() {
-	if o.Filter != nil {
-		o.Filter.Close()
-	}
-	if o.Counters != nil {
-		o.Counters.Close()
+	for _, c := range []interface{ Close() error }{o.Filter, o.SynAccept, o.Counters} {
+		if c != nil && !reflect.ValueOf(c).IsNil() {
+			c.Close()
+		}
 	}
 }
 
@@ -80,6 +86,9 @@ func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
 	}
 	if counters != nil {
 		repl[datapath.MoatMapCounters] = counters
+	}
+	for name, m := range repl {
+		spec.Maps[name].Flags = withAccessFlags(spec.Maps[name].Flags, m)
 	}
 	var objs filterObjects
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
@@ -137,12 +146,19 @@ func (s *Shield) Attach(name string, mode Mode) (AttachResult, error) {
 		}
 	}
 	if err != nil {
-		if errors.Is(err, os.ErrExist) || errors.Is(err, ebpf.ErrNotSupported) {
+		// EEXIST: a program in the other mode; EBUSY: a link or program in
+		// this mode. Either way the interface is taken: the user's call.
+		if errors.Is(err, os.ErrExist) || errors.Is(err, unix.EBUSY) || errors.Is(err, ebpf.ErrNotSupported) {
 			return res, userErrorf("attach to %s: %v (is another XDP program attached?)", name, err)
 		}
 		return res, fmt.Errorf("attach to %s: %w", name, err)
 	}
 	defer l.Close()
+	tcl, err := syncookie.AttachTC(objs.SynAccept, iface.Index)
+	if err != nil {
+		return res, err
+	}
+	defer tcl.Close()
 
 	// Pin into a temporary directory and rename it into place, so that a
 	// reader finds either nothing or the whole set.
@@ -156,6 +172,7 @@ func (s *Shield) Attach(name string, mode Mode) (AttachResult, error) {
 	defer os.RemoveAll(tmp)
 	for path, pin := range map[string]func(string) error{
 		"link": l.Pin, "prog": objs.Filter.Pin, "counters": objs.Counters.Pin,
+		"tc-link": tcl.Pin, "tc-prog": objs.SynAccept.Pin,
 	} {
 		if err := pin(filepath.Join(tmp, path)); err != nil {
 			return res, fmt.Errorf("pin %s: %w", path, err)
@@ -194,14 +211,30 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 		return res, err
 	}
 	defer objs.Close()
-	if err := l.Update(objs.Filter); err != nil {
-		return res, fmt.Errorf("replace program on %s: %w", name, err)
+	tcl, err := link.LoadPinnedLink(filepath.Join(dir, "tc-link"), nil)
+	if err != nil {
+		return res, fmt.Errorf("open pinned tc link of %s: %w", name, err)
 	}
-	next := filepath.Join(dir, "prog-new")
-	if err := objs.Filter.Pin(next); err != nil {
-		return res, err
+	defer tcl.Close()
+	// The acceptor first, so that it knows every cookie the new filter
+	// can issue.
+	for _, u := range []struct {
+		l    link.Link
+		prog *ebpf.Program
+		pin  string
+	}{{tcl, objs.SynAccept, "tc-prog"}, {l, objs.Filter, "prog"}} {
+		if err := u.l.Update(u.prog); err != nil {
+			return res, fmt.Errorf("replace program on %s: %w", name, err)
+		}
+		next := filepath.Join(dir, u.pin+"-new")
+		if err := u.prog.Pin(next); err != nil {
+			return res, err
+		}
+		if err := os.Rename(next, filepath.Join(dir, u.pin)); err != nil {
+			return res, err
+		}
 	}
-	return res, os.Rename(next, filepath.Join(dir, "prog"))
+	return res, nil
 }
 
 // currentMode asks the kernel how XDP is attached to an interface.
@@ -233,11 +266,8 @@ func (s *Shield) Detach(name string) error {
 	if _, err := os.Stat(dir); err != nil {
 		return userErrorf("moat is not attached to %s", name)
 	}
-	l, err := link.LoadPinnedLink(filepath.Join(dir, "link"), nil)
-	if err == nil {
-		l.Unpin()
-		l.Close()
-	}
+	// Removing the pins drops the last references to the links, which
+	// detaches the programs.
 	return os.RemoveAll(dir)
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/moat-shield/moat/internal/rules"
 )
 
-
 // PortRule is a protocol/port or ICMP type rule as stored: one id written in
 // every slot of the port table that its range covers.
 type PortRule struct {

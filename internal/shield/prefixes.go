@@ -125,7 +125,12 @@ func (s *Shield) Has(l List, p netip.Prefix) (bool, error) {
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, err
+	}
+	// A trie lookup is a longest-prefix match: it also finds a shorter
+	// prefix that covers p, which is not p.
+	return int(v.Prefixlen) == p.Bits(), nil
 }
 
 // AddMode says what to do with entries that exist already.
@@ -186,6 +191,28 @@ func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
 	}
 	if err := b.update(); err != nil {
 		return fmt.Errorf("update %s: %w", l, err)
+	}
+	if mode == Upsert {
+		return s.dropStaleComments(l, entries)
+	}
+	return nil
+}
+
+// dropStaleComments deletes the old comments of entries rewritten without
+// one; left behind, they would fill the comment map for nothing.
+func (s *Shield) dropStaleComments(l List, entries []Entry) error {
+	comments, err := s.comments(l)
+	if err != nil || len(comments) == 0 {
+		return err
+	}
+	b := newBatcher()
+	for _, e := range entries {
+		if _, ok := comments[e.Prefix]; ok && e.Comment == "" {
+			b.add(s.maps[datapath.MoatMapComments], commentKey(l, e.Prefix), nil)
+		}
+	}
+	if err := b.delete(); err != nil {
+		return fmt.Errorf("delete comments: %w", err)
 	}
 	return nil
 }

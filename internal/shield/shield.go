@@ -8,6 +8,8 @@
 //	ifaces/<ifname>/link     the XDP bpf_link; keeps the program attached
 //	ifaces/<ifname>/prog     the program the link runs
 //	ifaces/<ifname>/counters per-interface verdict counters
+//	ifaces/<ifname>/tc-link  the tcx ingress link of the SYN cookie acceptor
+//	ifaces/<ifname>/tc-prog  its program
 package shield
 
 import (
@@ -38,6 +40,8 @@ var sharedMaps = []string{
 	datapath.MoatMapDenyV4Nets, datapath.MoatMapDenyV6Nets,
 	datapath.MoatMapComments, datapath.MoatMapPortRules,
 	datapath.MoatMapPortRuleHits, datapath.MoatMapSettings,
+	datapath.MoatMapSynPorts, datapath.MoatMapSynStats, datapath.MoatMapSynKeys,
+	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings,
 }
 
 // UserError marks an error caused by what the user asked for (a bad
@@ -121,10 +125,11 @@ func ensureBPFFS(dir string) error {
 // so that it never appears among the pins.
 func (s *Shield) lockRoot() error {
 	name := "/run/moat-" + filepath.Base(s.root) + ".lock"
-	if st, err := os.Stat(filepath.Dir(s.root)); err == nil {
-		if sys, ok := st.Sys().(*unix.Stat_t); ok {
-			name = fmt.Sprintf("/run/moat-%d-%s.lock", sys.Ino, filepath.Base(s.root))
-		}
+	// os.Stat's Sys() is a *syscall.Stat_t, never a *unix.Stat_t, so ask
+	// unix directly.
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Dir(s.root), &st); err == nil {
+		name = fmt.Sprintf("/run/moat-%d-%s.lock", st.Ino, filepath.Base(s.root))
 	}
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -150,7 +155,9 @@ func (s *Shield) openMaps() error {
 			if err != nil {
 				return fmt.Errorf("open pinned map %s: %w", name, err)
 			}
-			if err := s.spec.Maps[name].Compatible(m); err != nil {
+			want := s.spec.Maps[name].Copy()
+			want.Flags = withAccessFlags(want.Flags, m)
+			if err := want.Compatible(m); err != nil {
 				m.Close()
 				return fmt.Errorf("pinned map %s does not match this version of moat: %w", name, err)
 			}
@@ -184,6 +191,15 @@ func (s *Shield) openMaps() error {
 		return fmt.Errorf("pin maps: %w", err)
 	}
 	return nil
+}
+
+// withAccessFlags takes the user-space access flags (syn_keys is write-only
+// from user space) from the map as it was opened: a map loaded from a pin
+// does not report them as its spec states them, and they say nothing about
+// the map's shape.
+func withAccessFlags(flags uint32, m *ebpf.Map) uint32 {
+	const access = unix.BPF_F_WRONLY | unix.BPF_F_RDONLY
+	return flags&^access | m.Flags()&access
 }
 
 // Remove unpins everything under the root: every interface's program and

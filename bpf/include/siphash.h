@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* SipHash-2-4 (Aumasson and Bernstein) over a whole number of 64-bit
+ * little-endian words: a fixed amount of work, as the verifier wants. */
+#ifndef MOAT_SIPHASH_H
+#define MOAT_SIPHASH_H
+
+#include <linux/types.h>
+
+#define SIP_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+
+struct sip_state {
+	__u64 v0, v1, v2, v3;
+};
+
+static __always_inline void sip_round(struct sip_state *s)
+{
+	s->v0 += s->v1;
+	s->v1 = SIP_ROTL(s->v1, 13);
+	s->v1 ^= s->v0;
+	s->v0 = SIP_ROTL(s->v0, 32);
+	s->v2 += s->v3;
+	s->v3 = SIP_ROTL(s->v3, 16);
+	s->v3 ^= s->v2;
+	s->v0 += s->v3;
+	s->v3 = SIP_ROTL(s->v3, 21);
+	s->v3 ^= s->v0;
+	s->v2 += s->v1;
+	s->v1 = SIP_ROTL(s->v1, 17);
+	s->v1 ^= s->v2;
+	s->v2 = SIP_ROTL(s->v2, 32);
+}
+
+/* nwords must be a compile-time constant so the loop unrolls. */
+static __always_inline __u64 siphash24_words(__u64 k0, __u64 k1, const __u64 *m, const int nwords)
+{
+	struct sip_state s = {
+		.v0 = k0 ^ 0x736f6d6570736575ULL,
+		.v1 = k1 ^ 0x646f72616e646f6dULL,
+		.v2 = k0 ^ 0x6c7967656e657261ULL,
+		.v3 = k1 ^ 0x7465646279746573ULL,
+	};
+	__u64 b = (__u64)(nwords * 8) << 56; /* last block: length only */
+	int i;
+
+#pragma unroll
+	for (i = 0; i < nwords; i++) {
+		s.v3 ^= m[i];
+		sip_round(&s);
+		sip_round(&s);
+		s.v0 ^= m[i];
+	}
+	s.v3 ^= b;
+	sip_round(&s);
+	sip_round(&s);
+	s.v0 ^= b;
+	s.v2 ^= 0xff;
+	sip_round(&s);
+	sip_round(&s);
+	sip_round(&s);
+	sip_round(&s);
+	return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
+}
+
+#endif /* MOAT_SIPHASH_H */

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* Maps of the SYN flood defence, shared by the XDP program that issues
+ * cookies and the tc program that accepts them. */
+#ifndef MOAT_SYN_MAPS_H
+#define MOAT_SYN_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "syn_structs.h"
+
+/* Indexed by TCP destination port: one array lookup per TCP packet is all
+ * an unprotected port costs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct syn_port);
+} syn_ports SEC(".maps");
+
+/* Counters and flood windows of protected ports; the control plane creates
+ * the entry when it protects a port. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, MAX_SYN_PORTS);
+	__type(key, __u32);
+	__type(value, struct syn_port_stats);
+} syn_stats SEC(".maps");
+
+/* Cookie keys, slot generation & 1 is current. Write-only from user space
+ * so that no dump or export can show them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__uint(map_flags, BPF_F_WRONLY);
+	__type(key, __u32);
+	__type(value, struct syn_key);
+} syn_keys SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syn_key_state);
+} syn_rotation SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syn_config);
+} syn_settings SEC(".maps");
+
+#endif /* MOAT_SYN_MAPS_H */

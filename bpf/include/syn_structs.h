@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* SYN flood defence: constants, map keys and values shared with the control
+ * plane (bpf2go generates the Go types from these). */
+#ifndef MOAT_SYN_STRUCTS_H
+#define MOAT_SYN_STRUCTS_H
+
+#include <linux/types.h>
+
+/* How many ports may be protected at once (size of the stats map). */
+#ifndef MAX_SYN_PORTS
+#define MAX_SYN_PORTS 1024
+#endif
+/* Flood detection counts SYNs per CPU in windows of this length. */
+#ifndef SYN_WINDOW_NS
+#define SYN_WINDOW_NS 100000000ULL
+#endif
+/* TCP options are at most 40 bytes, so at most 40 of them. */
+#define MAX_TCP_OPTIONS 40
+/* Defaults used when the syn_config map holds zeros. */
+#define SYN_DEFAULT_HOLD_NS 10000000000ULL
+#define SYN_DEFAULT_LIFETIME_NS 240000000000ULL
+#define SYN_DEFAULT_MSS_V4 1460
+#define SYN_DEFAULT_MSS_V6 1440
+#define SYN_DEFAULT_RCV_WSCALE 7
+#define SYNACK_WINDOW 65535
+#define SYNACK_TTL 64
+
+/* The 32-bit cookie moat puts in its SYN-ACK's sequence number:
+ *
+ *   31 ......... 10 |  9  |  8  |  7   | 6 5 4 | 3 2 1 0
+ *   hash (22 bits)  | key | ECN | SACK |  MSS  | wscale
+ *
+ * hash is the top 22 bits of SipHash-2-4 over the addresses, ports, the
+ * client's ISN and the low 10 bits themselves, so those are authenticated
+ * too. key is the parity of the key generation that made the cookie.
+ * wscale 15 means the client sent no window scale option. MSS indexes the
+ * table in syncookie.h. */
+enum syn_cookie_bits {
+	SYN_COOKIE_WSCALE_MASK = 0xf,
+	SYN_COOKIE_NO_WSCALE = 0xf,
+	SYN_COOKIE_MSS_SHIFT = 4,
+	SYN_COOKIE_MSS_MASK = 0x7,
+	SYN_COOKIE_SACK = 1 << 7,
+	SYN_COOKIE_ECN = 1 << 8,
+	SYN_COOKIE_KEY = 1 << 9,
+	SYN_COOKIE_META_MASK = 0x3ff,
+	SYN_COOKIE_MSS_ENTRIES = 8,
+};
+
+/* What moat does with SYNs to a port. */
+enum syn_mode {
+	SYN_MODE_OFF = 0,    /* not protected: nothing is counted */
+	SYN_MODE_NEVER = 1,  /* counted, SYNs always go to the kernel */
+	SYN_MODE_ALWAYS = 2, /* every SYN answered with a moat cookie */
+	SYN_MODE_AUTO = 3,   /* cookies only while a SYN flood is detected */
+};
+
+/* Element of syn_ports, indexed by TCP destination port (host order). The
+ * control plane writes mode and window_threshold; the data path keeps the
+ * flood fields. */
+struct syn_port {
+	__u8 mode;     /* enum syn_mode */
+	__u8 flooding; /* auto mode: cookies are being issued */
+	__u16 pad;
+	__u32 window_threshold; /* SYNs per CPU per SYN_WINDOW_NS that mean a flood */
+	__u64 last_flood_ns;    /* last time a CPU saw its window go over the threshold */
+	__u64 last_change_ns;   /* last time flooding changed */
+};
+
+/* Per CPU and per protected port (key: port as __u32). The window fields
+ * belong to flood detection and are not counters. */
+struct syn_port_stats {
+	__u64 syns;             /* SYNs seen (no ACK flag) */
+	__u64 cookies_issued;   /* SYN-ACKs sent with XDP_TX */
+	__u64 cookies_accepted; /* handshakes handed to the kernel by tc */
+	__u64 cookies_rejected; /* ACKs to a listener whose moat cookie was wrong */
+	__u64 acks_dropped;     /* ACKs with no socket and no valid cookie, dropped */
+	__u64 accept_errors;    /* valid cookie, but bpf_sk_assign_tcp_reqsk failed */
+	__u64 win_start_ns;
+	__u64 win_syns;
+};
+
+/* One SipHash key. The two slots of syn_keys hold the keys of the current
+ * generation (slot generation & 1) and the one before it. */
+struct syn_key {
+	__u64 k0;
+	__u64 k1;
+};
+
+/* Rotation state, written by the control plane after the new key. */
+struct syn_key_state {
+	__u64 generation; /* number of rotations; 0: no key yet, no cookies */
+	__u64 rotated_ns; /* CLOCK_MONOTONIC of the last rotation */
+};
+
+/* Settings of the SYN defence that may change at run time; zero fields
+ * take the SYN_DEFAULT_* values. */
+struct syn_config {
+	__u64 hold_ns;          /* auto mode: stay in cookie mode this long after the flood */
+	__u64 cookie_lifetime_ns; /* tc stops looking for cookies this long after a flood */
+	__u16 mss_v4;           /* MSS moat announces in its SYN-ACK */
+	__u16 mss_v6;
+	__u8 rcv_wscale;        /* window scale moat announces (and the kernel then uses) */
+	__u8 ecn;               /* 1: accept ECN (net.ipv4.tcp_ecn != 0) */
+	__u8 pad[2];
+};
+
+/* The message SipHash authenticates, 48 bytes (6 words) for both
+ * families; IPv4 addresses use the first 4 bytes and the rest stays 0. */
+struct syn_cookie_msg {
+	__u8 saddr[16]; /* the client's address */
+	__u8 daddr[16]; /* ours */
+	__be16 sport;   /* the client's port, network order */
+	__be16 dport;
+	__be32 client_isn; /* network order */
+	__u32 meta;     /* the cookie's low 10 bits */
+	__u32 family;   /* 4 or 6 */
+};
+
+#endif /* MOAT_SYN_STRUCTS_H */

@@ -1,0 +1,735 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* SYN flood defence. The XDP side answers SYNs to protected ports with a
+ * SYN-ACK that carries a moat cookie (syn_defend) and drops ACKs that
+ * belong to no socket and carry no valid cookie; the tc side (syn_accept)
+ * turns a valid cookie ACK into a request socket with bpf_sk_assign_tcp_reqsk
+ * so the kernel creates the connection with the options the client sent.
+ *
+ * Policy order: this runs after the allow/deny lists and port drop rules.
+ * Allowlisted sources are trusted and bypass it (their SYNs go to the
+ * kernel); a port "allow" rule does not turn protection off, only
+ * `moat syn protect --mode never` or unprotecting the port does. */
+#ifndef MOAT_SYNCOOKIE_H
+#define MOAT_SYNCOOKIE_H
+
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "parsing.h"
+#include "siphash.h"
+#include "syn_structs.h"
+#include "syn_maps.h"
+#include "tcp_options.h"
+
+/* syn_defend's "no decision, carry on with the policy". */
+#define SYN_CONTINUE -1
+
+#define TCPF_FIN 0x01
+#define TCPF_SYN 0x02
+#define TCPF_RST 0x04
+#define TCPF_ACK 0x10
+#define TCPF_ECE 0x40
+#define TCPF_CWR 0x80
+
+/* Only plain headers are answered: IPv4 without options and IPv6 without
+ * extension headers. Anything else goes to the kernel, whose own cookies
+ * still protect it. */
+#define SYN_MAX_L3_OFF (14 + 4 * MAX_VLAN_DEPTH)
+#define SYNACK_TCP_LEN 40 /* 20 bytes of header, 20 of options */
+#define IPV6_MIN_MSS 1220 /* IPv6 minimum MTU 1280 - 60 */
+#define IPV4_MIN_MSS 536
+
+/* The kernel's struct of the same name (include/net/tcp.h); the kfunc
+ * checks its size. */
+struct bpf_tcp_req_attrs {
+	__u32 rcv_tsval;
+	__u32 rcv_tsecr;
+	__u16 mss;
+	__u8 rcv_wscale;
+	__u8 snd_wscale;
+	__u8 ecn_ok;
+	__u8 wscale_ok;
+	__u8 sack_ok;
+	__u8 tstamp_ok;
+	__u8 usec_ts_ok;
+	__u8 reserved[3];
+};
+
+/* Only its name matters: the loader checks that the kfunc's argument is a
+ * struct called sock, and the pointer comes from bpf_skc_to_tcp_sock. */
+struct sock {
+};
+extern int bpf_sk_assign_tcp_reqsk(struct __sk_buff *skb, struct sock *sk,
+				   struct bpf_tcp_req_attrs *attrs, int attrs__sz) __ksym;
+
+/* The MSS a cookie can carry: more values than the kernel's four, so that
+ * common tunnel and jumbo MTUs are not rounded down far. The Go reference
+ * (internal/syncookie) keeps the same table and a test compares them. */
+static __always_inline __u16 syn_mss_value(__u32 idx, int family)
+{
+	__u16 mss;
+
+	switch (idx & SYN_COOKIE_MSS_MASK) {
+	case 0: mss = 536; break;
+	case 1: mss = 1220; break;
+	case 2: mss = 1300; break;
+	case 3: mss = 1360; break;
+	case 4: mss = 1400; break;
+	case 5: mss = 1440; break;
+	case 6: mss = 1460; break;
+	default: mss = 8960; break;
+	}
+	/* IPv6 guarantees a 1280-byte MTU, and the kfunc refuses less. */
+	if (family == 6 && mss < IPV6_MIN_MSS)
+		mss = IPV6_MIN_MSS;
+	return mss;
+}
+
+/* The largest table entry that does not exceed the client's MSS. */
+static __always_inline __u32 syn_mss_index(__u16 mss)
+{
+	if (mss >= 8960) return 7;
+	if (mss >= 1460) return 6;
+	if (mss >= 1440) return 5;
+	if (mss >= 1400) return 4;
+	if (mss >= 1360) return 3;
+	if (mss >= 1300) return 2;
+	if (mss >= 1220) return 1;
+	return 0;
+}
+
+/* optlen (1..40) in a form whose range the verifier can see: the helpers
+ * that copy options refuse a size that might be zero or exceed the buffer,
+ * and the compiler otherwise checks a copy of the register it passes. */
+static __always_inline __u32 opt_copy_len(__u32 optlen)
+{
+	return ((optlen - 1) & TCP_OPTBUF_MASK) + 1;
+}
+
+static __always_inline struct syn_config *syn_get_config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&syn_settings, &zero);
+}
+
+/* The 22 hash bits of a cookie, in place (low bits zero). */
+static __always_inline __u32 syn_cookie_hash(const struct syn_key *k, const struct packet *p,
+					     __be32 client_isn, __u32 meta)
+{
+	struct syn_cookie_msg msg = {};
+	__u64 words[sizeof(msg) / 8];
+
+	if (p->family == 4) {
+		__builtin_memcpy(msg.saddr, p->saddr, 4);
+		__builtin_memcpy(msg.daddr, p->daddr, 4);
+	} else {
+		__builtin_memcpy(msg.saddr, p->saddr, 16);
+		__builtin_memcpy(msg.daddr, p->daddr, 16);
+	}
+	msg.sport = bpf_htons(p->sport);
+	msg.dport = bpf_htons(p->dport);
+	msg.client_isn = client_isn;
+	msg.meta = meta & SYN_COOKIE_META_MASK;
+	msg.family = p->family;
+	__builtin_memcpy(words, &msg, sizeof(msg));
+	return (__u32)siphash24_words(k->k0, k->k1, words, sizeof(msg) / 8) &
+	       ~(__u32)SYN_COOKIE_META_MASK;
+}
+
+/* Checks the cookie an ACK returns (its ack_seq - 1) for the client's ISN
+ * (its seq - 1). Returns the cookie's low bits, or -1. The key slot is
+ * named by the cookie, so one hash decides; a cookie made two rotations
+ * ago names the slot the current key now holds and fails. */
+static __always_inline int syn_cookie_check(const struct packet *p, __u32 cookie, __u32 client_isn)
+{
+	struct syn_key_state *ks;
+	struct syn_key *k;
+	__u32 zero = 0, slot, meta = cookie & SYN_COOKIE_META_MASK;
+
+	ks = bpf_map_lookup_elem(&syn_rotation, &zero);
+	if (!ks || ks->generation == 0)
+		return -1;
+	slot = (meta & SYN_COOKIE_KEY) ? 1 : 0;
+	k = bpf_map_lookup_elem(&syn_keys, &slot);
+	if (!k)
+		return -1;
+	if ((cookie & ~(__u32)SYN_COOKIE_META_MASK) !=
+	    syn_cookie_hash(k, p, bpf_htonl(client_isn), meta))
+		return -1;
+	if ((meta & SYN_COOKIE_WSCALE_MASK) > TCP_MAX_WSCALE &&
+	    (meta & SYN_COOKIE_WSCALE_MASK) != SYN_COOKIE_NO_WSCALE)
+		return -1;
+	return meta;
+}
+
+/* Auto mode: counts the SYN in this CPU's window and says whether the
+ * port is in cookie mode. Each CPU writes the shared port entry at most
+ * once per window while a flood lasts, so detection costs a SYN a per-CPU
+ * counter and a clock read. */
+static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_stats *st,
+					const struct syn_config *cfg)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 hold = cfg->hold_ns ? cfg->hold_ns : SYN_DEFAULT_HOLD_NS;
+
+	if (now - st->win_start_ns >= SYN_WINDOW_NS) {
+		st->win_start_ns = now;
+		st->win_syns = 0;
+	}
+	st->win_syns++;
+	if (st->win_syns == (__u64)port->window_threshold + 1) {
+		port->last_flood_ns = now;
+		if (!port->flooding) {
+			port->flooding = 1;
+			port->last_change_ns = now;
+		}
+	} else if (port->flooding && (__s64)(now - port->last_flood_ns) > (__s64)hold) {
+		port->flooding = 0;
+		port->last_change_ns = now;
+	}
+	return port->flooding;
+}
+
+/* The TCP header and options of the SYN-ACK, built on the stack so that the
+ * checksum is computed over fixed-size memory. Options are padded with EOL
+ * to a fixed 20 bytes: one frame length per header layout. */
+struct synack_tcp {
+	struct tcphdr th;
+	__u8 opts[20];
+};
+
+struct pseudo_v4 {
+	__be32 saddr;
+	__be32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+struct pseudo_v6 {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be32 len;
+	__u8 zero[3];
+	__u8 nexthdr;
+};
+
+static __always_inline __u16 csum_fold32(__u64 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* Writes the options of the SYN-ACK: MSS, then SACK-permitted and
+ * timestamps, then window scale, each only if the client offered it. */
+static __always_inline void synack_options(struct synack_tcp *s, const struct tcp_opts *o,
+					   __u16 our_mss, __u8 our_wscale, __u32 tsval)
+{
+	__u8 *b = s->opts;
+	int i = 0;
+
+	b[i++] = TCPOPT_MSS;
+	b[i++] = 4;
+	b[i++] = our_mss >> 8;
+	b[i++] = our_mss & 0xff;
+	if (o->has_ts) {
+		if (o->sack_ok) {
+			b[i++] = TCPOPT_SACK_PERM;
+			b[i++] = 2;
+		} else {
+			b[i++] = TCPOPT_NOP;
+			b[i++] = TCPOPT_NOP;
+		}
+		b[i++] = TCPOPT_TIMESTAMP;
+		b[i++] = 10;
+		b[i++] = tsval >> 24;
+		b[i++] = tsval >> 16;
+		b[i++] = tsval >> 8;
+		b[i++] = tsval;
+		b[i++] = o->tsval >> 24;
+		b[i++] = o->tsval >> 16;
+		b[i++] = o->tsval >> 8;
+		b[i++] = o->tsval;
+	} else if (o->sack_ok) {
+		b[i++] = TCPOPT_NOP;
+		b[i++] = TCPOPT_NOP;
+		b[i++] = TCPOPT_SACK_PERM;
+		b[i++] = 2;
+	}
+	if (o->has_wscale) {
+		b[i++] = TCPOPT_NOP;
+		b[i++] = TCPOPT_WINDOW;
+		b[i++] = 3;
+		b[i++] = our_wscale;
+	}
+	/* The rest stays zero: EOL and padding. */
+}
+
+/* Answers a SYN with a SYN-ACK carrying a moat cookie, rewriting the frame
+ * in place. Returns XDP_TX, or SYN_CONTINUE to leave the SYN to the kernel. */
+static __always_inline int syn_answer(struct xdp_md *ctx, const struct packet *p,
+				      struct syn_port_stats *st, const struct syn_config *cfg)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 l3 = p->l3_off, l4 = p->l4_off, optlen, payload, meta, slot, zero = 0;
+	struct tcp_opt_walk w = {};
+	struct tcp_opts *o = &w.opts;
+	struct synack_tcp s = {};
+	struct syn_key_state *ks;
+	struct syn_key *k;
+	struct tcphdr *th;
+	struct ethhdr *eth;
+	__u8 l2[SYN_MAX_L3_OFF];
+	__be32 client_isn;
+	__u64 sum;
+	__u16 our_mss;
+	__u8 our_wscale, wscale;
+	int ecn, delta;
+
+	if (p->tcp_flags & (TCPF_FIN | TCPF_RST))
+		return SYN_CONTINUE;
+	if (l3 > SYN_MAX_L3_OFF)
+		return SYN_CONTINUE;
+
+	/* Plain IP headers, no fragment, no payload. */
+	if (p->family == 4) {
+		struct iphdr *iph = data + l3;
+
+		if ((void *)(iph + 1) > data_end)
+			return SYN_CONTINUE;
+		if (iph->ihl != 5 || (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return SYN_CONTINUE;
+		if (l4 != l3 + sizeof(*iph))
+			return SYN_CONTINUE;
+		payload = bpf_ntohs(iph->tot_len) - sizeof(*iph);
+	} else {
+		struct ipv6hdr *ip6h = data + l3;
+
+		if ((void *)(ip6h + 1) > data_end)
+			return SYN_CONTINUE;
+		if (ip6h->nexthdr != IPPROTO_TCP || l4 != l3 + sizeof(*ip6h))
+			return SYN_CONTINUE;
+		payload = bpf_ntohs(ip6h->payload_len);
+	}
+	th = data + l4;
+	if ((void *)(th + 1) > data_end)
+		return SYN_CONTINUE;
+	optlen = th->doff * 4;
+	if (optlen < sizeof(*th) || payload != optlen)
+		return SYN_CONTINUE; /* data in the SYN (TFO): the kernel's business */
+	optlen -= sizeof(*th);
+	client_isn = th->seq;
+
+	ks = bpf_map_lookup_elem(&syn_rotation, &zero);
+	if (!ks || ks->generation == 0)
+		return SYN_CONTINUE; /* no key yet: a zero key would make forgeable cookies */
+	slot = ks->generation & 1;
+	k = bpf_map_lookup_elem(&syn_keys, &slot);
+	if (!k)
+		return SYN_CONTINUE;
+
+	if (optlen >= 1 && optlen <= TCP_MAX_OPTLEN) {
+		if (bpf_xdp_load_bytes(ctx, l4 + sizeof(*th), w.buf, opt_copy_len(optlen)))
+			return SYN_CONTINUE;
+		w.len = optlen;
+		parse_tcp_options(&w);
+	}
+
+	/* The cookie's low bits. */
+	wscale = SYN_COOKIE_NO_WSCALE;
+	if (o->has_wscale)
+		wscale = o->wscale > TCP_MAX_WSCALE ? TCP_MAX_WSCALE : o->wscale;
+	if (!o->has_mss)
+		o->mss = p->family == 4 ? IPV4_MIN_MSS : IPV6_MIN_MSS;
+	meta = wscale | syn_mss_index(o->mss) << SYN_COOKIE_MSS_SHIFT;
+	if (o->sack_ok)
+		meta |= SYN_COOKIE_SACK;
+	ecn = cfg->ecn && (p->tcp_flags & (TCPF_ECE | TCPF_CWR)) == (TCPF_ECE | TCPF_CWR);
+	if (ecn)
+		meta |= SYN_COOKIE_ECN;
+	if (slot)
+		meta |= SYN_COOKIE_KEY;
+
+	our_mss = p->family == 4 ? (cfg->mss_v4 ? cfg->mss_v4 : SYN_DEFAULT_MSS_V4)
+				 : (cfg->mss_v6 ? cfg->mss_v6 : SYN_DEFAULT_MSS_V6);
+	our_wscale = cfg->rcv_wscale ? cfg->rcv_wscale : SYN_DEFAULT_RCV_WSCALE;
+	if (our_wscale > TCP_MAX_WSCALE)
+		our_wscale = TCP_MAX_WSCALE;
+
+	s.th.source = bpf_htons(p->dport);
+	s.th.dest = bpf_htons(p->sport);
+	s.th.seq = bpf_htonl(syn_cookie_hash(k, p, client_isn, meta) | meta);
+	s.th.ack_seq = bpf_htonl(bpf_ntohl(client_isn) + 1);
+	s.th.doff = SYNACK_TCP_LEN / 4;
+	s.th.syn = 1;
+	s.th.ack = 1;
+	s.th.ece = ecn;
+	s.th.window = bpf_htons(SYNACK_WINDOW);
+	/* TSval: a millisecond clock, like the kernel's; the kernel offsets its
+	 * own clock to continue from it (bpf_tcp_req_attrs.rcv_tsecr). */
+	synack_options(&s, o, our_mss, our_wscale, (__u32)(bpf_ktime_get_ns() / 1000000));
+
+	if (p->family == 4) {
+		struct pseudo_v4 ph = {
+			.proto = IPPROTO_TCP,
+			.len = bpf_htons(SYNACK_TCP_LEN),
+		};
+
+		__builtin_memcpy(&ph.saddr, p->daddr, 4);
+		__builtin_memcpy(&ph.daddr, p->saddr, 4);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+	} else {
+		struct pseudo_v6 ph = {
+			.nexthdr = IPPROTO_TCP,
+			.len = bpf_htonl(SYNACK_TCP_LEN),
+		};
+
+		__builtin_memcpy(ph.saddr, p->daddr, 16);
+		__builtin_memcpy(ph.daddr, p->saddr, 16);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+	}
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&s, sizeof(s), (__u32)sum);
+	s.th.check = csum_fold32(sum);
+
+	/* Keep the Ethernet header and VLAN tags, then resize the frame to the
+	 * SYN-ACK: everything else is rebuilt from what was read above. A
+	 * short SYN grows at the head, where XDP always has room; tailroom is
+	 * not guaranteed (veth has none). */
+	eth = data;
+	if ((void *)(eth + 1) > data_end || (void *)eth + SYN_MAX_L3_OFF > data_end)
+		return SYN_CONTINUE;
+	__builtin_memcpy(l2, eth, SYN_MAX_L3_OFF);
+	delta = (int)(l4 + SYNACK_TCP_LEN) - (int)(data_end - data);
+	if (delta > 0 && bpf_xdp_adjust_head(ctx, -delta))
+		return SYN_CONTINUE;
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
+		return SYN_CONTINUE;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+
+	eth = data;
+	if ((void *)eth + SYN_MAX_L3_OFF > data_end)
+		return XDP_DROP;
+	/* Addresses swapped; EtherType and tags (up to the IP header) kept. */
+	__builtin_memcpy(eth->h_dest, l2 + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, l2, ETH_ALEN);
+	__builtin_memcpy((void *)eth + 2 * ETH_ALEN, l2 + 2 * ETH_ALEN, SYN_MAX_L3_OFF - 2 * ETH_ALEN);
+
+	if (p->family == 4) {
+		struct iphdr *iph = data + l3;
+		struct iphdr ip = {
+			.version = 4,
+			.ihl = 5,
+			.tot_len = bpf_htons(sizeof(ip) + SYNACK_TCP_LEN),
+			.frag_off = bpf_htons(0x4000), /* DF */
+			.ttl = SYNACK_TTL,
+			.protocol = IPPROTO_TCP,
+		};
+
+		if ((void *)(iph + 1) > data_end)
+			return XDP_DROP;
+		__builtin_memcpy(&ip.saddr, p->daddr, 4);
+		__builtin_memcpy(&ip.daddr, p->saddr, 4);
+		ip.check = csum_fold32(bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+		__builtin_memcpy(iph, &ip, sizeof(ip));
+	} else {
+		struct ipv6hdr *ip6h = data + l3;
+
+		if ((void *)(ip6h + 1) > data_end)
+			return XDP_DROP;
+		/* Version 6, traffic class and flow label 0. */
+		*(__be32 *)ip6h = bpf_htonl(0x60000000);
+		ip6h->payload_len = bpf_htons(SYNACK_TCP_LEN);
+		ip6h->nexthdr = IPPROTO_TCP;
+		ip6h->hop_limit = SYNACK_TTL;
+		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
+		__builtin_memcpy(&ip6h->daddr, p->saddr, 16);
+	}
+
+	th = data + l4;
+	if ((void *)th + SYNACK_TCP_LEN > data_end)
+		return XDP_DROP;
+	__builtin_memcpy(th, &s, SYNACK_TCP_LEN);
+	st->cookies_issued++;
+	return XDP_TX;
+}
+
+/* The socket tuple of a packet, in the packet's direction. */
+static __always_inline __u32 syn_tuple(const struct packet *p, struct bpf_sock_tuple *t)
+{
+	if (p->family == 4) {
+		__builtin_memcpy(&t->ipv4.saddr, p->saddr, 4);
+		__builtin_memcpy(&t->ipv4.daddr, p->daddr, 4);
+		t->ipv4.sport = bpf_htons(p->sport);
+		t->ipv4.dport = bpf_htons(p->dport);
+		return sizeof(t->ipv4);
+	}
+	__builtin_memcpy(t->ipv6.saddr, p->saddr, 16);
+	__builtin_memcpy(t->ipv6.daddr, p->daddr, 16);
+	t->ipv6.sport = bpf_htons(p->sport);
+	t->ipv6.dport = bpf_htons(p->dport);
+	return sizeof(t->ipv6);
+}
+
+/* An ACK to a port in cookie mode: it passes if a socket other than the
+ * listener owns it, or it carries a valid moat or kernel cookie. */
+static __always_inline int syn_check_ack(struct xdp_md *ctx, const struct packet *p,
+					 struct syn_port_stats *st)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct bpf_sock_tuple t = {};
+	__u32 l3 = p->l3_off, l4 = p->l4_off, size;
+	struct bpf_sock *sk;
+	struct tcphdr *th;
+	long kernel_cookie = -1;
+
+	size = syn_tuple(p, &t);
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (sk) {
+		__u32 state = sk->state;
+
+		bpf_sk_release(sk);
+		if (state != BPF_TCP_LISTEN)
+			return SYN_CONTINUE; /* established, request or time-wait */
+	}
+
+	if (l3 > SYN_MAX_L3_OFF || l4 > SYN_MAX_L3_OFF + sizeof(struct ipv6hdr))
+		return SYN_CONTINUE; /* IP options or extension headers: not ours */
+	th = data + l4;
+	if ((void *)(th + 1) > data_end)
+		return SYN_CONTINUE;
+	if (syn_cookie_check(p, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1) >= 0)
+		return SYN_CONTINUE; /* tc accepts it */
+	st->cookies_rejected++;
+
+	/* The kernel may have issued this ACK's cookie itself: before a flood
+	 * was detected in auto mode, or when moat left a SYN to it. */
+	if (p->family == 4) {
+		struct iphdr *iph = data + l3;
+
+		if ((void *)(iph + 1) <= data_end)
+			kernel_cookie = bpf_tcp_raw_check_syncookie_ipv4(iph, th);
+	} else {
+		struct ipv6hdr *ip6h = data + l3;
+
+		if ((void *)(ip6h + 1) <= data_end)
+			kernel_cookie = bpf_tcp_raw_check_syncookie_ipv6(ip6h, th);
+	}
+	if (kernel_cookie == 0)
+		return SYN_CONTINUE;
+	st->acks_dropped++;
+	return XDP_DROP;
+}
+
+/* The XDP entry point of the SYN defence, called once the policy has let
+ * the packet through. Returns an XDP action, or SYN_CONTINUE. */
+/* A global function: the verifier checks it once, not once for every path
+ * through the parser that reaches the call. */
+__attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
+{
+	if (!ctx || !p)
+		return SYN_CONTINUE;
+	struct syn_port_stats *st;
+	struct syn_config *cfg;
+	struct syn_port *port;
+	__u32 key;
+	__u8 flags;
+
+	if (p->l4proto != IPPROTO_TCP || !p->has_l4)
+		return SYN_CONTINUE;
+	key = p->dport;
+	port = bpf_map_lookup_elem(&syn_ports, &key);
+	if (!port || port->mode == SYN_MODE_OFF)
+		return SYN_CONTINUE;
+	flags = p->tcp_flags;
+
+	if ((flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN) {
+		st = bpf_map_lookup_elem(&syn_stats, &key);
+		cfg = syn_get_config();
+		if (!st || !cfg)
+			return SYN_CONTINUE;
+		st->syns++;
+		if (port->mode == SYN_MODE_NEVER)
+			return SYN_CONTINUE;
+		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg))
+			return SYN_CONTINUE;
+		return syn_answer(ctx, p, st, cfg);
+	}
+
+	/* ACK filtering costs a socket lookup per packet, so it runs only
+	 * while cookies are being issued. */
+	if ((flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) == TCPF_ACK &&
+	    (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding))) {
+		st = bpf_map_lookup_elem(&syn_stats, &key);
+		if (!st)
+			return SYN_CONTINUE;
+		return syn_check_ack(ctx, p, st);
+	}
+	return SYN_CONTINUE;
+}
+
+/* Parses an skb with the same cursor helpers as the XDP program. */
+static __always_inline int syn_parse_skb(struct __sk_buff *skb, struct packet *p)
+{
+	void *data = (void *)(long)skb->data;
+	struct cursor c = {
+		.pos = data,
+		.end = (void *)(long)skb->data_end,
+	};
+	__u16 proto;
+	__u8 l4proto = 0;
+	int ret;
+
+	ret = parse_eth(&c, p, &proto);
+	if (ret != PARSE_OK)
+		return ret;
+	p->l3_off = c.pos - data;
+	if (proto == bpf_htons(ETH_P_IP)) {
+		ret = parse_ipv4(&c, p, &l4proto);
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6h = c.pos;
+
+		/* Cookies are only issued without extension headers; knowing
+		 * that here spares the verifier the walk through them. */
+		if ((void *)(ip6h + 1) > c.end || ip6h->nexthdr != IPPROTO_TCP)
+			return PARSE_NON_IP;
+		ret = parse_ipv6(&c, p, &l4proto);
+	} else {
+		return PARSE_NON_IP;
+	}
+	if (ret != PARSE_OK)
+		return ret;
+	p->l4proto = l4proto;
+	if (p->fragment)
+		return PARSE_OK;
+	return parse_l4(&c, p, data);
+}
+
+/* The tc ingress side: a valid moat cookie ACK for a listener becomes a
+ * request socket carrying the options the cookie encodes. Never drops:
+ * whatever is not a moat handshake goes on to the stack unchanged. */
+__attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *pkt);
+
+static __always_inline int syn_accept(struct __sk_buff *skb)
+{
+	struct packet p = {};
+
+	if (syn_parse_skb(skb, &p) != PARSE_OK)
+		return TC_ACT_OK;
+	return syn_accept_packet(skb, &p);
+}
+
+/* Global, like syn_defend, so the parser's paths do not multiply it. */
+__attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *pkt)
+{
+	struct bpf_tcp_req_attrs attrs = {};
+	struct bpf_sock_tuple t = {};
+	struct tcp_opt_walk w = {};
+	struct syn_port_stats *st;
+	struct syn_config *cfg;
+	struct packet p;
+	struct syn_port *port;
+	struct tcp_sock *tsk;
+	struct bpf_sock *sk;
+	struct tcphdr *th;
+	__u32 key, size, l4, optlen;
+	int meta, wscale, err;
+
+	if (!skb || !pkt)
+		return TC_ACT_OK;
+	p = *pkt;
+	if (p.l4proto != IPPROTO_TCP || !p.has_l4)
+		return TC_ACT_OK;
+	if ((p.tcp_flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) != TCPF_ACK)
+		return TC_ACT_OK;
+	key = p.dport;
+	port = bpf_map_lookup_elem(&syn_ports, &key);
+	if (!port || (port->mode != SYN_MODE_ALWAYS && port->mode != SYN_MODE_AUTO))
+		return TC_ACT_OK;
+	cfg = syn_get_config();
+	if (!cfg)
+		return TC_ACT_OK;
+	/* In auto mode cookies exist only during and shortly after a flood;
+	 * outside that the ACK path costs nothing. */
+	if (port->mode == SYN_MODE_AUTO && !port->flooding &&
+	    bpf_ktime_get_ns() - port->last_flood_ns >
+		    (cfg->cookie_lifetime_ns ? cfg->cookie_lifetime_ns : SYN_DEFAULT_LIFETIME_NS))
+		return TC_ACT_OK;
+
+	size = syn_tuple(&p, &t);
+	sk = bpf_skc_lookup_tcp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return TC_ACT_OK;
+	if (sk->state != BPF_TCP_LISTEN)
+		goto release;
+
+	l4 = p.l4_off;
+	if (l4 > SYN_MAX_L3_OFF + sizeof(struct ipv6hdr))
+		goto release;
+	th = (void *)(long)skb->data + l4;
+	if ((void *)(th + 1) > (void *)(long)skb->data_end)
+		goto release;
+	meta = syn_cookie_check(&p, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1);
+	if (meta < 0)
+		goto release;
+	optlen = th->doff * 4 - sizeof(*th);
+	if (optlen >= 1 && optlen <= TCP_MAX_OPTLEN &&
+	    bpf_skb_load_bytes(skb, l4 + sizeof(*th), w.buf, opt_copy_len(optlen)) == 0) {
+		w.len = optlen;
+		parse_tcp_options(&w);
+	}
+
+	attrs.mss = syn_mss_value(meta >> SYN_COOKIE_MSS_SHIFT, p.family);
+	wscale = meta & SYN_COOKIE_WSCALE_MASK;
+	if (wscale != SYN_COOKIE_NO_WSCALE) {
+		attrs.wscale_ok = 1;
+		attrs.snd_wscale = wscale;
+		attrs.rcv_wscale = cfg->rcv_wscale ? cfg->rcv_wscale : SYN_DEFAULT_RCV_WSCALE;
+		if (attrs.rcv_wscale > TCP_MAX_WSCALE)
+			attrs.rcv_wscale = TCP_MAX_WSCALE;
+	}
+	attrs.sack_ok = !!(meta & SYN_COOKIE_SACK);
+	attrs.ecn_ok = !!(meta & SYN_COOKIE_ECN);
+	/* moat answers timestamps only when the SYN had them, so an ACK with
+	 * them proves they were agreed; TSecr is moat's TSval. */
+	if (w.opts.has_ts) {
+		attrs.tstamp_ok = 1;
+		attrs.rcv_tsval = w.opts.tsval;
+		attrs.rcv_tsecr = w.opts.tsecr;
+	}
+
+	st = bpf_map_lookup_elem(&syn_stats, &key);
+	tsk = bpf_skc_to_tcp_sock(sk);
+	if (!tsk) {
+		err = -1;
+	} else {
+		err = bpf_sk_assign_tcp_reqsk(skb, (struct sock *)tsk, &attrs, sizeof(attrs));
+	}
+	if (st) {
+		if (err)
+			st->accept_errors++;
+		else
+			st->cookies_accepted++;
+	}
+release:
+	bpf_sk_release(sk);
+	return TC_ACT_OK;
+}
+
+/* Types the control plane needs but no map declares, so that they reach
+ * BTF and bpf2go generates them. */
+struct syn_exported_types {
+	enum syn_mode mode;
+	enum syn_cookie_bits bits;
+	struct syn_cookie_msg msg;
+};
+const struct syn_exported_types *unused_syn_exported_types __attribute__((unused));
+
+#endif /* MOAT_SYNCOOKIE_H */

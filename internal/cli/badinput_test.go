@@ -1,0 +1,158 @@
+package cli_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// seedRules fills root with one rule of every kind, so that a refused
+// command has something it could wrongly change.
+func seedRules(t testing.TB, root string) {
+	t.Helper()
+	mustRun(t, root, "block", "192.0.2.0/24", "198.51.100.7", "2001:db8:f00::/48")
+	mustRun(t, root, "block", "--comment", "seeded with a comment", "--ttl", "1h", "203.0.113.9")
+	mustRun(t, root, "allow", "198.18.1.0/24", "2001:db8:1::2")
+	mustRun(t, root, "port", "drop", "udp/19", "tcp/6000-6063", "icmp/echo-request")
+	mustRun(t, root, "port", "allow", "icmpv6/128")
+	mustRun(t, root, "policy", "fragments", "drop")
+}
+
+// TestBadInput runs refused commands against a root holding rules and
+// checks that each exits 2 with one line of error and changes nothing; in
+// commands with several arguments the bad one is last, so a command that
+// applied arguments one by one would be caught.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	badPlain := write("bad.netset", "# list\n203.0.113.0/24\n100.64.0.0/10\n\n100.64.1.300\n172.16.0.0/12\n")
+	badJSON := write("bad.json", "{\n  \"deny\": [\n    {\"prefix\": \"100.64.0.0/10\"}\n  ],\n  \"portz\": []\n}\n")
+	overlapJSON := write("overlap.json", `{"ports": [{"rule": "tcp/6010-6020", "action": "allow"}]}`)
+	longComment := strings.Repeat("c", 64)
+
+	tests := []struct {
+		name    string
+		args    []string
+		errPart string
+	}{
+		{"invalid CIDR", []string{"block", "100.64.0.0/33"}, "invalid CIDR"},
+		{"host bits set", []string{"block", "100.64.1.2/10"}, "host bits set"},
+		{"second prefix bad", []string{"block", "100.64.0.0/10", "100.64.1.2/10"}, "host bits set"},
+		{"garbage prefix", []string{"allow", "100.64.0.0/10", "not-an-address"}, "invalid address"},
+		{"zone", []string{"block", "fe80::1%lo"}, "zones"},
+		{"mapped address", []string{"unblock", "::ffff:192.0.2.1"}, "IPv4-mapped"},
+		{"prefix twice", []string{"block", "100.64.0.0/10", "100.64.0.0/10"}, "given twice"},
+		{"comment too long", []string{"block", "--comment", longComment, "100.64.0.0/10"}, "at most 63"},
+		{"port above 65535", []string{"port", "drop", "udp/65536"}, "above 65535"},
+		{"second port above 65535", []string{"port", "drop", "tcp/25", "udp/70000"}, "above 65535"},
+		{"port 0", []string{"port", "drop", "tcp/0"}, "port 0"},
+		{"reversed range", []string{"port", "drop", "tcp/30-20"}, "ends before it starts"},
+		{"unknown protocol", []string{"port", "drop", "sctp/9"}, "unknown protocol"},
+		{"unknown port verb", []string{"port", "reject", "udp/9"}, "invalid port command"},
+		{"bad ttl", []string{"block", "--ttl", "banana", "100.64.0.0/10"}, "banana"},
+		{"negative ttl", []string{"block", "--ttl", "-5m", "100.64.0.0/10"}, "--ttl"},
+		{"zero ttl", []string{"allow", "--ttl", "0s", "100.64.0.0/10"}, "--ttl"},
+		{"bad mode", []string{"attach", "--mode", "turbo", "moat-nx0"}, "invalid mode"},
+		{"missing interface", []string{"attach", "moat-nx0"}, "no interface"},
+		{"block twice", []string{"block", "192.0.2.0/24"}, "already in the denylist"},
+		{"block twice, second argument", []string{"block", "100.64.0.0/10", "198.51.100.7"}, "already in the denylist"},
+		{"block twice as /32", []string{"block", "198.51.100.7/32"}, "already in the denylist"},
+		{"allow twice", []string{"allow", "100.64.0.0/10", "198.18.1.0/24"}, "already in the allowlist"},
+		{"port rule twice", []string{"port", "drop", "udp/19"}, "exists already"},
+		{"port rule twice, other action", []string{"port", "allow", "tcp/25", "udp/19"}, "exists already"},
+		{"ICMP rule twice by number", []string{"port", "drop", "icmp/8"}, "exists already"},
+		{"overlapping range", []string{"port", "drop", "tcp/25", "tcp/5990-6000"}, "overlaps the existing rule tcp/6000-6063"},
+		{"port inside a range", []string{"port", "allow", "tcp/6010"}, "overlaps"},
+		{"ports overlapping each other", []string{"port", "drop", "tcp/20-30", "tcp/25"}, "overlap"},
+		{"unblock absent", []string{"unblock", "100.64.0.0/10"}, "not in the denylist"},
+		{"unblock second absent", []string{"unblock", "192.0.2.0/24", "100.64.0.0/10"}, "not in the denylist"},
+		{"unblock a network only covered by one listed", []string{"unblock", "192.0.2.128/25"}, "not in the denylist"},
+		{"unblock from the wrong list", []string{"unblock", "198.18.1.0/24"}, "not in the denylist"},
+		{"disallow absent", []string{"disallow", "198.18.1.0/24", "192.0.2.0/24"}, "not in the allowlist"},
+		{"port remove absent", []string{"port", "remove", "udp/53"}, "no port rule udp/53"},
+		{"port remove second absent", []string{"port", "remove", "udp/19", "udp/53"}, "no port rule udp/53"},
+		{"port remove part of a range", []string{"port", "remove", "tcp/6010"}, "no port rule tcp/6010"},
+		{"attach an interface twice", []string{"attach", "moat-nx0", "moat-nx0"}, "given twice"},
+		{"detach an interface twice", []string{"detach", "moat-nx0", "moat-nx0"}, "given twice"},
+		{"detach not attached", []string{"detach", "moat-nx0"}, "not attached"},
+		{"detach neither names nor --all", []string{"detach"}, "--all"},
+		{"detach names and --all", []string{"detach", "--all", "moat-nx0"}, "--all"},
+		{"unknown flag", []string{"block", "--frobnicate", "100.64.0.0/10"}, "unknown flag"},
+		{"unknown global flag", []string{"--frobnicate", "list"}, "unknown flag"},
+		{"unknown command", []string{"blok", "100.64.0.0/10"}, "unknown command"},
+		{"block without args", []string{"block"}, "at least 1"},
+		{"port without spec", []string{"port", "drop"}, "at least 2"},
+		{"import without file", []string{"import"}, "1 arg"},
+		{"list with an argument", []string{"list", "deny"}, "unknown command"},
+		{"import with a bad line", []string{"import", badPlain}, "bad.netset:5:"},
+		{"import replace with a bad line", []string{"import", "--replace", badPlain}, "bad.netset:5:"},
+		{"import JSON with an unknown key", []string{"import", badJSON}, `bad.json:5: unknown field "portz"`},
+		{"import missing file", []string{"import", filepath.Join(dir, "absent")}, "no such file"},
+		{"import bad list", []string{"import", "--list", "grey", badPlain}, "invalid list"},
+		{"import overlapping port rule", []string{"import", overlapJSON}, "overlaps"},
+		{"policy bad value", []string{"policy", "fragments", "maybe"}, "fragments"},
+		{"policy second value bad", []string{"policy", "fragments", "pass", "malformed", "maybe"}, "malformed"},
+		{"policy unknown name", []string{"policy", "ttl", "drop"}, "unknown policy"},
+		{"policy without value", []string{"policy", "malformed"}, "values"},
+		{"stats of an interface not attached", []string{"stats", "--iface", "moat-nx0"}, "not attached"},
+		{"stats watch too fast", []string{"stats", "--watch", "1ms"}, "--watch"},
+		{"export bad format", []string{"export", "--format", "xml"}, "--format"},
+	}
+
+	root := newRoot(t)
+	seedRules(t, root)
+	before := pinnedState(t, root)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runMain(root, tc.args...)
+			checkUsageError(t, r, tc.errPart)
+			if after := pinnedState(t, root); after != before {
+				t.Fatalf("state changed:\nbefore %s\nafter %s", before, after)
+			}
+		})
+	}
+}
+
+// TestBadInputFreshRoot checks that a refused command leaves nothing pinned
+// behind when moat was not set up.
+func TestBadInputFreshRoot(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"unblock", "192.0.2.1"},
+		{"disallow", "192.0.2.1"},
+		{"port", "remove", "udp/19"},
+		{"detach", "moat-nx0"},
+		{"attach", "moat-nx0"},
+		{"stats", "--iface", "moat-nx0"},
+		{"policy", "fragments", "maybe"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			root := newRoot(t)
+			checkUsageError(t, runMain(root, args...), "")
+			if st := pinnedState(t, root); st != "" {
+				t.Fatalf("a refused command left state behind:\n%s", st)
+			}
+		})
+	}
+}
+
+// TestListEmptyRootJSON checks the JSON of a root with no rules: empty
+// lists, not null, so that scripts can iterate.
+func TestListEmptyRootJSON(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	r := mustRun(t, root, "list", "--json")
+	for _, want := range []string{`"allow": []`, `"deny": []`, `"ports": []`, `"fragments": "pass"`, `"malformed": "drop"`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("list --json lacks %s:\n%s", want, r.stdout)
+		}
+	}
+}

@@ -1,0 +1,181 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/moat-shield/moat/internal/rules"
+)
+
+// moatHere runs the real binary in the test's own namespace; rule commands
+// need no interface.
+func moatHere(t *testing.T, root string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, moatBin, append(append([]string{}, args...), "--root", root)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run moat: %v", err)
+	}
+	r := result{code, out.String(), errb.String()}
+	if code != 0 {
+		t.Fatalf("moat %s: %v", strings.Join(args, " "), r)
+	}
+	return r
+}
+
+// listed returns `moat list --json` without hit counts.
+func listed(t *testing.T, root string) *rules.Ruleset {
+	t.Helper()
+	var rs rules.Ruleset
+	if err := json.Unmarshal([]byte(moatHere(t, root, "list", "--json").stdout), &rs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range rs.Allow {
+		rs.Allow[i].Hits = 0
+	}
+	for i := range rs.Deny {
+		rs.Deny[i].Hits = 0
+	}
+	for i := range rs.Ports {
+		rs.Ports[i].Hits = 0
+	}
+	return &rs
+}
+
+func prefixes(es []rules.PrefixEntry) string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Prefix.String())
+	}
+	return strings.Join(out, " ")
+}
+
+func TestExportImportRoundTrip(t *testing.T) {
+	t.Parallel()
+	src, dst := newRoot(t), newRoot(t)
+	dir := t.TempDir()
+
+	moatHere(t, src, "block", "192.0.2.0/24", "2001:db8:f00::/48", "198.51.100.7")
+	moatHere(t, src, "block", "--ttl", "1h", "--comment", "until the flood ends", "203.0.113.9")
+	moatHere(t, src, "allow", "--comment", "office", "198.18.1.0/24", "2001:db8:1::2")
+	moatHere(t, src, "port", "drop", "udp/19", "tcp/6000-6063", "icmp/echo-request")
+	moatHere(t, src, "port", "allow", "icmpv6/128")
+	moatHere(t, src, "policy", "fragments", "drop", "malformed", "pass")
+
+	// The destination holds rules that the import must replace.
+	moatHere(t, dst, "block", "100.64.0.0/10", "192.0.2.0/24")
+	moatHere(t, dst, "allow", "198.18.9.9")
+	moatHere(t, dst, "port", "drop", "udp/53", "tcp/6010")
+
+	exported := moatHere(t, src, "export").stdout
+	file := filepath.Join(dir, "rules.json")
+	if err := os.WriteFile(file, []byte(exported), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	moatHere(t, dst, "import", "--replace", file)
+
+	want, got := listed(t, src), listed(t, dst)
+	if !reflect.DeepEqual(want, got) {
+		a, _ := json.MarshalIndent(want, "", " ")
+		b, _ := json.MarshalIndent(got, "", " ")
+		t.Fatalf("after import --replace:\n%s\nwant:\n%s", b, a)
+	}
+	if len(got.Deny) != 4 || len(got.Allow) != 2 || len(got.Ports) != 4 || got.Settings.Fragments != "drop" {
+		t.Fatalf("round trip lost rules: %+v", got)
+	}
+	for _, e := range got.Deny {
+		if e.Prefix.String() == "203.0.113.9/32" && (e.Expires == nil || e.Comment != "until the flood ends") {
+			t.Fatalf("TTL entry lost its expiry or comment: %+v", e)
+		}
+	}
+
+	// And into a root that does not exist yet.
+	fresh := newRoot(t)
+	moatHere(t, fresh, "import", "--replace", file)
+	if got := listed(t, fresh); !reflect.DeepEqual(want, got) {
+		t.Fatalf("import into a fresh root: %+v", got)
+	}
+
+	// Importing the same file again without --replace changes nothing.
+	moatHere(t, dst, "import", file)
+	if again := listed(t, dst); !reflect.DeepEqual(want, again) {
+		t.Fatalf("second import changed the rules: %+v", again)
+	}
+}
+
+func TestImportPlainNetset(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	dir := t.TempDir()
+	netset := filepath.Join(dir, "firehol.netset")
+	os.WriteFile(netset, []byte(`#
+# firehol_level1 (excerpt, test addresses only)
+#
+192.0.2.0/24
+198.51.100.7
+; a comment in ipset style
+2001:db8:f00::/48   # trailing comment
+198.51.100.7
+`), 0o600)
+
+	moatHere(t, root, "allow", "198.18.1.2")
+	moatHere(t, root, "block", "100.64.0.0/10")
+	moatHere(t, root, "port", "drop", "udp/19")
+
+	r := moatHere(t, root, "import", netset)
+	if !strings.Contains(r.stdout, "imported 3 ") {
+		t.Errorf("import output: %s", r.stdout)
+	}
+	rs := listed(t, root)
+	if got := prefixes(rs.Deny); got != "100.64.0.0/10 192.0.2.0/24 198.51.100.7/32 2001:db8:f00::/48" {
+		t.Fatalf("deny after merge import: %s", got)
+	}
+
+	// --replace makes the denylist equal to the file and leaves the
+	// allowlist and the port rules alone: the file says nothing of them.
+	moatHere(t, root, "import", "--replace", netset)
+	rs = listed(t, root)
+	if got := prefixes(rs.Deny); got != "192.0.2.0/24 198.51.100.7/32 2001:db8:f00::/48" {
+		t.Fatalf("deny after import --replace: %s", got)
+	}
+	if got := prefixes(rs.Allow); got != "198.18.1.2/32" {
+		t.Fatalf("allow after a plain deny import --replace: %q", got)
+	}
+	if len(rs.Ports) != 1 || rs.Ports[0].Spec.String() != "udp/19" {
+		t.Fatalf("port rules after a plain deny import --replace: %+v", rs.Ports)
+	}
+
+	// The same file into the allowlist.
+	moatHere(t, root, "import", "--list", "allow", "--replace", netset)
+	rs = listed(t, root)
+	if got := prefixes(rs.Allow); got != "192.0.2.0/24 198.51.100.7/32 2001:db8:f00::/48" {
+		t.Fatalf("allow after import --list allow --replace: %s", got)
+	}
+	if len(rs.Deny) != 3 {
+		t.Fatalf("deny changed by an allowlist import: %s", prefixes(rs.Deny))
+	}
+
+	// export --format plain reads back as the same list.
+	plain := moatHere(t, root, "export", "--format", "plain").stdout
+	parsed, err := rules.ReadRuleset("export", strings.NewReader(plain), "deny")
+	if err != nil {
+		t.Fatalf("plain export does not read back: %v\n%s", err, plain)
+	}
+	if prefixes(parsed.Deny) != prefixes(rs.Deny) {
+		t.Fatalf("plain export %s, deny list %s", prefixes(parsed.Deny), prefixes(rs.Deny))
+	}
+}

@@ -1,0 +1,321 @@
+package syncookie
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/datapath"
+)
+
+// Mode is what moat does with SYNs to a protected port.
+type Mode uint8
+
+const (
+	// ModeOff: the port is not protected (nothing counted).
+	ModeOff = Mode(datapath.MoatSynModeSYN_MODE_OFF)
+	// ModeNever: SYNs are counted and always left to the kernel.
+	ModeNever = Mode(datapath.MoatSynModeSYN_MODE_NEVER)
+	// ModeAlways: every SYN is answered with a moat cookie.
+	ModeAlways = Mode(datapath.MoatSynModeSYN_MODE_ALWAYS)
+	// ModeAuto: cookies only while a SYN flood is detected.
+	ModeAuto = Mode(datapath.MoatSynModeSYN_MODE_AUTO)
+)
+
+// DefaultRotation is how often keys rotate; a cookie lives one to two
+// rotation periods.
+const DefaultRotation = time.Minute
+
+// DefaultThreshold is the SYN rate (per second, per port) above which auto
+// mode turns cookies on. Cookies keep every option, so erring low is cheap.
+const DefaultThreshold = 2000
+
+// windowsPerSecond matches SYN_WINDOW_NS (100 ms) in syn_structs.h.
+const windowsPerSecond = 10
+
+func (m Mode) String() string {
+	switch m {
+	case ModeOff:
+		return "off"
+	case ModeNever:
+		return "never"
+	case ModeAlways:
+		return "always"
+	case ModeAuto:
+		return "auto"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode reads "always", "never", "auto" or "off".
+func ParseMode(s string) (Mode, error) {
+	for _, m := range []Mode{ModeOff, ModeNever, ModeAlways, ModeAuto} {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown SYN protection mode %q (want always, never, auto or off)", s)
+}
+
+// NewKey draws a key from the system CSPRNG.
+func NewKey() (Key, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return Key{}, fmt.Errorf("syn cookie key: %w", err)
+	}
+	return Key{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}, nil
+}
+
+// Generation returns how many times the keys have been rotated; 0 means
+// no key is installed and moat issues no cookies.
+func Generation(rotation *ebpf.Map) (uint64, error) {
+	var st datapath.MoatSynKeyState
+	if err := rotation.Lookup(uint32(0), &st); err != nil {
+		return 0, fmt.Errorf("read key generation: %w", err)
+	}
+	return st.Generation, nil
+}
+
+// InstallKey makes k the key of generation gen, which must be the current
+// generation plus one: the slot it goes into holds the key two generations
+// old, so cookies made under that one stop being valid now, and cookies of
+// the generation before stay valid. The generation is written last so the
+// data path never signs with a half-written key.
+func InstallKey(keys, rotation *ebpf.Map, gen uint64, k Key) error {
+	slot := uint32(gen & 1)
+	if err := keys.Update(slot, datapath.MoatSynKey{K0: k.K0, K1: k.K1}, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("install syn cookie key: %w", err)
+	}
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	st := datapath.MoatSynKeyState{Generation: gen, RotatedNs: uint64(ts.Nano())}
+	if err := rotation.Update(uint32(0), st, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("publish key generation: %w", err)
+	}
+	return nil
+}
+
+// Rotate installs a fresh key from crypto/rand as the next generation and
+// returns that generation. Call it on a schedule (DefaultRotation); the
+// first call also enables cookies.
+func Rotate(keys, rotation *ebpf.Map) (uint64, error) {
+	gen, err := Generation(rotation)
+	if err != nil {
+		return 0, err
+	}
+	k, err := NewKey()
+	if err != nil {
+		return 0, err
+	}
+	if err := InstallKey(keys, rotation, gen+1, k); err != nil {
+		return 0, err
+	}
+	return gen + 1, nil
+}
+
+// Config is the run-time settings of the SYN defence; zero fields keep the
+// data path's defaults.
+type Config struct {
+	Hold           time.Duration // auto mode: cookie mode lasts this long after the flood (default 10s)
+	CookieLifetime time.Duration // tc looks for cookies this long after a flood (default 4m; >= 2 rotations)
+	MSSv4, MSSv6   uint16        // MSS moat announces (default 1460/1440)
+	WScale         uint8         // window scale moat announces (default 7)
+	ECN            bool          // accept ECN; set it when net.ipv4.tcp_ecn != 0
+}
+
+// Configure writes the settings.
+func Configure(settings *ebpf.Map, c Config) error {
+	v := datapath.MoatSynConfig{
+		HoldNs:           uint64(c.Hold),
+		CookieLifetimeNs: uint64(c.CookieLifetime),
+		MssV4:            c.MSSv4,
+		MssV6:            c.MSSv6,
+		RcvWscale:        c.WScale,
+	}
+	if c.WScale > 14 {
+		return fmt.Errorf("window scale %d: at most 14", c.WScale)
+	}
+	if c.ECN {
+		v.Ecn = 1
+	}
+	if err := settings.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write syn settings: %w", err)
+	}
+	return nil
+}
+
+// Protect sets the mode of a TCP port. threshold is the SYN rate per second
+// that auto mode takes for a flood (0: DefaultThreshold). Protecting a port
+// resets its counters and flood state; ModeOff removes it.
+func Protect(ports, stats *ebpf.Map, port uint16, mode Mode, threshold uint32) error {
+	key := uint32(port)
+	if mode == ModeOff {
+		if err := ports.Update(key, datapath.MoatSynPort{}, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("unprotect tcp/%d: %w", port, err)
+		}
+		if err := stats.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("unprotect tcp/%d: %w", port, err)
+		}
+		return nil
+	}
+	if mode > ModeAuto {
+		return fmt.Errorf("tcp/%d: invalid mode %d", port, mode)
+	}
+	if threshold == 0 {
+		threshold = DefaultThreshold
+	}
+	// The data path counts per CPU in 100 ms windows; spread the rate
+	// evenly, as RSS spreads a spoofed flood.
+	perWindow := threshold / windowsPerSecond / uint32(max(ebpf.MustPossibleCPU(), 1))
+	if perWindow == 0 {
+		perWindow = 1
+	}
+	// Counters first: the data path ignores a port without them.
+	zero := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
+	if err := stats.Update(key, zero, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("protect tcp/%d: counters: %w", port, err)
+	}
+	v := datapath.MoatSynPort{Mode: uint8(mode), WindowThreshold: perWindow}
+	if err := ports.Update(key, v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("protect tcp/%d: %w", port, err)
+	}
+	return nil
+}
+
+// PortStatus is the state and counters of one protected port.
+type PortStatus struct {
+	Port            uint16    `json:"port"`
+	Mode            string    `json:"mode"`
+	Flooding        bool      `json:"flooding"`
+	LastChange      time.Time `json:"last_change,omitzero"`
+	ThresholdPerSec uint64    `json:"threshold_per_sec"`
+	SYNs            uint64    `json:"syns"`
+	CookiesIssued   uint64    `json:"cookies_issued"`
+	CookiesAccepted uint64    `json:"cookies_accepted"`
+	CookiesRejected uint64    `json:"cookies_rejected"`
+	ACKsDropped     uint64    `json:"acks_dropped"`
+	AcceptErrors    uint64    `json:"accept_errors"`
+}
+
+// Status reads the protected ports (those with counters), summing the
+// per-CPU counters.
+func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
+	var out []PortStatus
+	bootOffset := monotonicEpoch()
+	var key uint32
+	var per []datapath.MoatSynPortStats
+	it := stats.Iterate()
+	for it.Next(&key, &per) {
+		var p datapath.MoatSynPort
+		if err := ports.Lookup(key, &p); err != nil {
+			return nil, fmt.Errorf("read tcp/%d: %w", key, err)
+		}
+		s := PortStatus{
+			Port:            uint16(key),
+			Mode:            Mode(p.Mode).String(),
+			Flooding:        p.Flooding != 0,
+			ThresholdPerSec: uint64(p.WindowThreshold) * windowsPerSecond * uint64(ebpf.MustPossibleCPU()),
+		}
+		if p.LastChangeNs != 0 {
+			s.LastChange = bootOffset.Add(time.Duration(p.LastChangeNs))
+		}
+		for _, c := range per {
+			s.SYNs += c.Syns
+			s.CookiesIssued += c.CookiesIssued
+			s.CookiesAccepted += c.CookiesAccepted
+			s.CookiesRejected += c.CookiesRejected
+			s.ACKsDropped += c.AcksDropped
+			s.AcceptErrors += c.AcceptErrors
+		}
+		out = append(out, s)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read syn counters: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
+	return out, nil
+}
+
+// monotonicEpoch is the wall-clock time at which CLOCK_MONOTONIC (what
+// bpf_ktime_get_ns reads) was zero.
+func monotonicEpoch() time.Time {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Now().Add(-time.Duration(ts.Nano()))
+}
+
+// sysctlsNeeded are the sysctls bpf_sk_assign_tcp_reqsk depends on: with
+// tcp_syncookies 0 the stack ignores the request socket, and the kfunc
+// refuses SACK, timestamps or window scaling that are turned off.
+var sysctlsNeeded = []struct {
+	name, why string
+}{
+	{"tcp_syncookies", "the kernel accepts no cookie handshake (set it to 1 or 2)"},
+	{"tcp_sack", "connections could not keep SACK (set it to 1)"},
+	{"tcp_timestamps", "connections could not keep timestamps (set it to 1)"},
+	{"tcp_window_scaling", "connections could not keep window scaling (set it to 1)"},
+}
+
+// CheckSysctls checks, in the network namespace of the calling thread,
+// that the kernel settings moat cookies need are on, naming each one that
+// is not.
+func CheckSysctls() error {
+	return checkSysctlsIn("/proc/sys/net/ipv4")
+}
+
+func checkSysctlsIn(dir string) error {
+	var errs []error
+	for _, s := range sysctlsNeeded {
+		b, err := os.ReadFile(filepath.Join(dir, s.name))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read net.ipv4.%s: %w", s.name, err))
+			continue
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("net.ipv4.%s: %q is not a number", s.name, b))
+			continue
+		}
+		if v < 1 {
+			errs = append(errs, fmt.Errorf("net.ipv4.%s is %d: %s", s.name, v, s.why))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ECNEnabled says whether the kernel accepts ECN (net.ipv4.tcp_ecn != 0),
+// for Config.ECN.
+func ECNEnabled() bool {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_ecn")
+	if err != nil {
+		return false
+	}
+	v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return v != 0
+}
+
+// AttachTC attaches the cookie accepting program (moat_syn_accept) to the
+// tcx ingress hook of an interface. It must run on every interface whose
+// XDP program issues cookies.
+func AttachTC(prog *ebpf.Program, ifindex int) (link.Link, error) {
+	l, err := link.AttachTCX(link.TCXOptions{
+		Interface: ifindex,
+		Program:   prog,
+		Attach:    ebpf.AttachTCXIngress,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attach syn accept program to tcx ingress of ifindex %d: %w", ifindex, err)
+	}
+	return l, nil
+}

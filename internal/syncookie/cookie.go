@@ -1,0 +1,200 @@
+// Package syncookie is the control plane of moat's SYN flood defence: cookie
+// keys and their rotation, per-port protection modes, counters, the sysctl
+// check and the tc attachment of the program that accepts cookie handshakes.
+// It also holds a Go implementation of the cookie, written from the format
+// described in bpf/include/syn_structs.h, that tests use to check the BPF
+// output independently.
+package syncookie
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"net/netip"
+)
+
+// Cookie bit layout (see bpf/include/syn_structs.h):
+//
+//	31 ......... 10 |  9  |  8  |  7   | 6 5 4 | 3 2 1 0
+//	hash (22 bits)  | key | ECN | SACK |  MSS  | wscale
+const (
+	wscaleMask = 0xf
+	noWScale   = 0xf
+	mssShift   = 4
+	mssMask    = 0x7
+	sackBit    = 1 << 7
+	ecnBit     = 1 << 8
+	keyBit     = 1 << 9
+	metaMask   = 0x3ff
+	maxWScale  = 14
+)
+
+// MSSTable is the MSS values a cookie can carry. IPv6 raises entries below
+// 1220 to 1220, its minimum.
+var MSSTable = [8]uint16{536, 1220, 1300, 1360, 1400, 1440, 1460, 8960}
+
+// Key is one SipHash-2-4 key.
+type Key struct{ K0, K1 uint64 }
+
+// Options is what a cookie remembers of the client's SYN.
+type Options struct {
+	MSS       uint16 // decoded: a table value
+	WScale    uint8  // the client's window scale, valid when HasWScale
+	HasWScale bool
+	SACK      bool
+	ECN       bool
+}
+
+// Tuple is a connection seen from the server: the client's address and
+// port first.
+type Tuple struct {
+	Client, Server netip.AddrPort
+}
+
+// SipHash24 is SipHash-2-4 of msg under key (k0, k1 little-endian).
+func SipHash24(k Key, msg []byte) uint64 {
+	v0 := k.K0 ^ 0x736f6d6570736575
+	v1 := k.K1 ^ 0x646f72616e646f6d
+	v2 := k.K0 ^ 0x6c7967656e657261
+	v3 := k.K1 ^ 0x7465646279746573
+	round := func() {
+		v0 += v1
+		v1 = bits.RotateLeft64(v1, 13)
+		v1 ^= v0
+		v0 = bits.RotateLeft64(v0, 32)
+		v2 += v3
+		v3 = bits.RotateLeft64(v3, 16)
+		v3 ^= v2
+		v0 += v3
+		v3 = bits.RotateLeft64(v3, 21)
+		v3 ^= v0
+		v2 += v1
+		v1 = bits.RotateLeft64(v1, 17)
+		v1 ^= v2
+		v2 = bits.RotateLeft64(v2, 32)
+	}
+	n := len(msg)
+	for len(msg) >= 8 {
+		m := binary.LittleEndian.Uint64(msg)
+		v3 ^= m
+		round()
+		round()
+		v0 ^= m
+		msg = msg[8:]
+	}
+	var last [8]byte
+	copy(last[:], msg)
+	last[7] = byte(n)
+	b := binary.LittleEndian.Uint64(last[:])
+	v3 ^= b
+	round()
+	round()
+	v0 ^= b
+	v2 ^= 0xff
+	round()
+	round()
+	round()
+	round()
+	return v0 ^ v1 ^ v2 ^ v3
+}
+
+// mssIndex is the largest table entry not above mss.
+func mssIndex(mss uint16) uint32 {
+	idx := uint32(0)
+	for i, v := range MSSTable {
+		if mss >= v {
+			idx = uint32(i)
+		}
+	}
+	return idx
+}
+
+func mssValue(idx uint32, v6 bool) uint16 {
+	m := MSSTable[idx&mssMask]
+	if v6 && m < 1220 {
+		m = 1220
+	}
+	return m
+}
+
+// Meta is the cookie's low 10 bits for a SYN with the given options, sent
+// while key generation gen is current. mss is the client's MSS option,
+// 0 when it sent none.
+func Meta(mss uint16, hasMSS bool, wscale uint8, hasWScale, sack, ecn bool, gen uint64, v6 bool) uint32 {
+	if !hasMSS {
+		mss = 536
+		if v6 {
+			mss = 1220
+		}
+	}
+	m := mssIndex(mss) << mssShift
+	if hasWScale {
+		m |= uint32(min(wscale, maxWScale))
+	} else {
+		m |= noWScale
+	}
+	if sack {
+		m |= sackBit
+	}
+	if ecn {
+		m |= ecnBit
+	}
+	if gen&1 == 1 {
+		m |= keyBit
+	}
+	return m
+}
+
+// message is the 48 bytes SipHash authenticates, laid out as in struct
+// syn_cookie_msg.
+func message(t Tuple, clientISN uint32, meta uint32) []byte {
+	msg := make([]byte, 48)
+	c, s := t.Client.Addr(), t.Server.Addr()
+	family := uint32(6)
+	if c.Is4() {
+		family = 4
+		a, b := c.As4(), s.As4()
+		copy(msg[0:], a[:])
+		copy(msg[16:], b[:])
+	} else {
+		a, b := c.As16(), s.As16()
+		copy(msg[0:], a[:])
+		copy(msg[16:], b[:])
+	}
+	binary.BigEndian.PutUint16(msg[32:], t.Client.Port())
+	binary.BigEndian.PutUint16(msg[34:], t.Server.Port())
+	binary.BigEndian.PutUint32(msg[36:], clientISN)
+	binary.LittleEndian.PutUint32(msg[40:], meta&metaMask)
+	binary.LittleEndian.PutUint32(msg[44:], family)
+	return msg
+}
+
+// Cookie is the sequence number moat puts in its SYN-ACK.
+func Cookie(k Key, t Tuple, clientISN uint32, meta uint32) uint32 {
+	h := uint32(SipHash24(k, message(t, clientISN, meta)))
+	return h&^metaMask | meta&metaMask
+}
+
+// Check validates a cookie returned in an ACK (its ack_seq - 1) against the
+// key pair in force (keys[gen&1] current, the other slot previous) and
+// returns the options it encodes.
+func Check(keys [2]Key, t Tuple, clientISN, cookie uint32) (Options, bool) {
+	meta := cookie & metaMask
+	slot := 0
+	if meta&keyBit != 0 {
+		slot = 1
+	}
+	if Cookie(keys[slot], t, clientISN, meta) != cookie {
+		return Options{}, false
+	}
+	ws := uint8(meta & wscaleMask)
+	if ws > maxWScale && ws != noWScale {
+		return Options{}, false
+	}
+	return Options{
+		MSS:       mssValue(meta>>mssShift, t.Client.Addr().Is6() && !t.Client.Addr().Is4In6()),
+		WScale:    ws,
+		HasWScale: ws != noWScale,
+		SACK:      meta&sackBit != 0,
+		ECN:       meta&ecnBit != 0,
+	}, true
+}

@@ -1,0 +1,69 @@
+package syncookie
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The first vector of the SipHash paper's appendix: key 00..0f, message
+// 00..0e.
+func TestSipHashVector(t *testing.T) {
+	msg := make([]byte, 15)
+	for i := range msg {
+		msg[i] = byte(i)
+	}
+	k := Key{0x0706050403020100, 0x0f0e0d0c0b0a0908}
+	if got := SipHash24(k, msg); got != 0xa129ca6149be45e5 {
+		t.Fatalf("SipHash-2-4 = %#x, want 0xa129ca6149be45e5", got)
+	}
+}
+
+func TestCookieRoundTrip(t *testing.T) {
+	tuple := Tuple{netip.MustParseAddrPort("192.0.2.10:40000"), netip.MustParseAddrPort("192.0.2.1:443")}
+	keys := [2]Key{{1, 2}, {3, 4}}
+	for gen := uint64(1); gen <= 2; gen++ {
+		for _, mss := range []uint16{0, 536, 1300, 1460, 9000} {
+			meta := Meta(mss, true, 8, true, true, true, gen, false)
+			c := Cookie(keys[gen&1], tuple, 42, meta)
+			o, ok := Check(keys, tuple, 42, c)
+			if !ok || o.WScale != 8 || !o.SACK || !o.ECN || o.MSS > max(mss, 536) {
+				t.Errorf("gen %d mss %d: %+v %v", gen, mss, o, ok)
+			}
+			if _, ok := Check(keys, tuple, 43, c); ok {
+				t.Errorf("cookie valid for another ISN")
+			}
+			if _, ok := Check([2]Key{{5, 6}, {7, 8}}, tuple, 42, c); ok {
+				t.Errorf("cookie valid under other keys")
+			}
+		}
+	}
+}
+
+func TestCheckSysctlsNamesWhatIsWrong(t *testing.T) {
+	dir := t.TempDir()
+	for name, v := range map[string]string{"tcp_syncookies": "0\n", "tcp_sack": "1\n", "tcp_timestamps": "1\n", "tcp_window_scaling": "0\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := checkSysctlsIn(dir)
+	if err == nil {
+		t.Fatal("no error with tcp_syncookies and tcp_window_scaling off")
+	}
+	for _, want := range []string{"net.ipv4.tcp_syncookies is 0", "net.ipv4.tcp_window_scaling is 0"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "tcp_sack") || strings.Contains(err.Error(), "tcp_timestamps") {
+		t.Errorf("error %q names a sysctl that is fine", err)
+	}
+	os.WriteFile(filepath.Join(dir, "tcp_syncookies"), []byte("2\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "tcp_window_scaling"), []byte("1\n"), 0o644)
+	if err := checkSysctlsIn(dir); err != nil {
+		t.Errorf("all on: %v", err)
+	}
+}
