@@ -67,6 +67,14 @@ struct {
 	__type(value, __u64);
 } port_rule_hits SEC(".maps");
 
+/* The rules by id, for the control plane only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_PORT_RULES);
+	__type(key, __u32);
+	__type(value, struct port_rule_def);
+} port_rule_defs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

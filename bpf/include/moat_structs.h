@@ -56,6 +56,18 @@ struct port_rule {
 	__u8 pad;
 };
 
+/* A port rule as the operator wrote it. The data path never reads these;
+ * they let the control plane list rules without scanning the whole port
+ * table. Written before a rule's slots are filled, cleared after they are
+ * emptied. */
+struct port_rule_def {
+	__u8 class;  /* enum port_class */
+	__u8 action; /* enum rule_action; ACTION_NONE = unused id */
+	__u16 from;
+	__u16 to;
+	__u16 pad;
+};
+
 struct verdict_counter {
 	__u64 packets;
 	__u64 bytes;

@@ -144,11 +144,25 @@ func TestBadInputFreshRoot(t *testing.T) {
 	}
 }
 
+// TestReadOnlyCommandsNeedState checks that commands that only read the
+// state refuse where nothing is pinned, instead of creating the maps.
+func TestReadOnlyCommandsNeedState(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"list"}, {"list", "--json"}, {"export"}, {"stats"}, {"expire"}, {"syn", "status"}} {
+		root := newRoot(t)
+		checkUsageError(t, runMain(root, args...), "not set up")
+		if st := pinnedState(t, root); st != "" {
+			t.Fatalf("moat %v created state:\n%s", args, st)
+		}
+	}
+}
+
 // TestListEmptyRootJSON checks the JSON of a root with no rules: empty
 // lists, not null, so that scripts can iterate.
 func TestListEmptyRootJSON(t *testing.T) {
 	t.Parallel()
 	root := newRoot(t)
+	mustRun(t, root, "policy", "malformed", "drop") // sets up an empty state
 	r := mustRun(t, root, "list", "--json")
 	for _, want := range []string{`"allow": []`, `"deny": []`, `"ports": []`, `"fragments": "pass"`, `"malformed": "drop"`} {
 		if !strings.Contains(r.stdout, want) {

@@ -71,7 +71,7 @@ func newDetachCmd(g *globals) *cobra.Command {
 			return nil
 		}),
 		RunE: func(cmd *cobra.Command, ifaces []string) error {
-			s, err := g.open()
+			s, err := g.openExisting()
 			if err != nil {
 				return err
 			}

@@ -224,7 +224,7 @@ func newExpireCmd(g *globals) *cobra.Command {
 		Short: "Delete allow and deny entries whose time has passed (the filter already ignores them)",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.open()
+			s, err := g.openExisting()
 			if err != nil {
 				return err
 			}

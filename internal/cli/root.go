@@ -115,6 +115,16 @@ func (g *globals) open() (*shield.Shield, error) {
 	return shield.Open(g.root)
 }
 
+// openExisting opens the pinned state for commands that only read it or
+// remove from it: where nothing is pinned they refuse rather than create
+// the maps (tens of MiB of kernel memory) just to find them empty.
+func (g *globals) openExisting() (*shield.Shield, error) {
+	if _, err := os.Stat(g.root); errors.Is(err, fs.ErrNotExist) {
+		return nil, usagef("moat is not set up: nothing is pinned under %s", g.root)
+	}
+	return g.open()
+}
+
 // discard removes the empty state that a refused command created, so that
 // a refused command changes nothing on a host where moat was not set up.
 func (g *globals) discard() {

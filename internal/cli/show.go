@@ -25,7 +25,7 @@ func newListCmd(g *globals) *cobra.Command {
 		Short: "List every rule with its hit counter and time left",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.open()
+			s, err := g.openExisting()
 			if err != nil {
 				return err
 			}
@@ -96,7 +96,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 			if watch < 0 || (cmd.Flags().Changed("watch") && watch < 10*time.Millisecond) {
 				return usagef("invalid --watch %s: want an interval of at least 10ms", watch)
 			}
-			s, err := g.open()
+			s, err := g.openExisting()
 			if err != nil {
 				return err
 			}
@@ -134,7 +134,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 			last := time.Now()
 			for {
 				time.Sleep(watch)
-				s, err := g.open()
+				s, err := g.openExisting()
 				if err != nil {
 					return err
 				}
@@ -324,7 +324,7 @@ func newExportCmd(g *globals) *cobra.Command {
 			if list != "deny" && list != "allow" {
 				return usagef("invalid --list %q: want deny or allow", list)
 			}
-			s, err := g.open()
+			s, err := g.openExisting()
 			if err != nil {
 				return err
 			}

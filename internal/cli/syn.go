@@ -144,7 +144,7 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 		Short: "Show protected ports, their flood state and counters",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.open()
+			s, err := g.openExisting()
 			if err != nil {
 				return err
 			}

@@ -80,6 +80,15 @@ type MoatPortRule struct {
 	Pad    uint8
 }
 
+type MoatPortRuleDef struct {
+	_      structs.HostLayout
+	Class  uint8
+	Action uint8
+	From   uint16
+	To     uint16
+	Pad    uint16
+}
+
 type MoatPrefixRule struct {
 	_         structs.HostLayout
 	Hits      uint64
@@ -215,6 +224,7 @@ const (
 	MoatMapDenyV4Nets             = "deny_v4_nets"
 	MoatMapDenyV6Hosts            = "deny_v6_hosts"
 	MoatMapDenyV6Nets             = "deny_v6_nets"
+	MoatMapPortRuleDefs           = "port_rule_defs"
 	MoatMapPortRuleHits           = "port_rule_hits"
 	MoatMapPortRules              = "port_rules"
 	MoatMapSettings               = "settings"
@@ -289,6 +299,7 @@ type MoatMapSpecs struct {
 	DenyV4Nets   *ebpf.MapSpec `ebpf:"deny_v4_nets"`
 	DenyV6Hosts  *ebpf.MapSpec `ebpf:"deny_v6_hosts"`
 	DenyV6Nets   *ebpf.MapSpec `ebpf:"deny_v6_nets"`
+	PortRuleDefs *ebpf.MapSpec `ebpf:"port_rule_defs"`
 	PortRuleHits *ebpf.MapSpec `ebpf:"port_rule_hits"`
 	PortRules    *ebpf.MapSpec `ebpf:"port_rules"`
 	Settings     *ebpf.MapSpec `ebpf:"settings"`
@@ -337,6 +348,7 @@ type MoatMaps struct {
 	DenyV4Nets   *ebpf.Map `ebpf:"deny_v4_nets"`
 	DenyV6Hosts  *ebpf.Map `ebpf:"deny_v6_hosts"`
 	DenyV6Nets   *ebpf.Map `ebpf:"deny_v6_nets"`
+	PortRuleDefs *ebpf.Map `ebpf:"port_rule_defs"`
 	PortRuleHits *ebpf.Map `ebpf:"port_rule_hits"`
 	PortRules    *ebpf.Map `ebpf:"port_rules"`
 	Settings     *ebpf.Map `ebpf:"settings"`
@@ -359,6 +371,7 @@ func (m *MoatMaps) Close() error {
 		m.DenyV4Nets,
 		m.DenyV6Hosts,
 		m.DenyV6Nets,
+		m.PortRuleDefs,
 		m.PortRuleHits,
 		m.PortRules,
 		m.Settings,

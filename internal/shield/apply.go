@@ -61,7 +61,7 @@ func (s *Shield) Apply(rs *rules.Ruleset, replace bool) (ApplyResult, error) {
 		case keep && a == c.Action:
 			delete(wanted, c.Spec)
 		case keep:
-			if err := s.writePorts(c.Spec, portValue(c.ID, a)); err != nil {
+			if err := s.setPortRule(c.ID, c.Spec, a); err != nil {
 				return res, err
 			}
 			delete(wanted, c.Spec)

@@ -2,6 +2,7 @@ package shield
 
 import (
 	"fmt"
+	"sort"
 
 	"github.com/cilium/ebpf"
 
@@ -20,61 +21,59 @@ type PortRule struct {
 
 func portIndex(c rules.Class, port uint16) uint32 { return uint32(c)<<16 | uint32(port) }
 
-// portTable reads the whole port table in a few batched lookups.
-func (s *Shield) portTable() ([]datapath.MoatPortRule, error) {
-	m := s.maps[datapath.MoatMapPortRules]
+// PortRules lists the port rules from the definitions table, in the order
+// of the port table.
+func (s *Shield) PortRules() ([]PortRule, error) {
+	defs, err := s.portDefs()
+	if err != nil {
+		return nil, err
+	}
+	var out []PortRule
+	for id, d := range defs {
+		if d.Action == 0 {
+			continue
+		}
+		hits, err := s.portHits(uint16(id))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, PortRule{
+			ID:     uint16(id),
+			Spec:   rules.PortSpec{Class: rules.Class(d.Class), From: d.From, To: d.To},
+			Action: rules.Action(d.Action),
+			Hits:   hits,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Spec, out[j].Spec
+		return portIndex(a.Class, a.From) < portIndex(b.Class, b.From)
+	})
+	return out, nil
+}
+
+// portDefs reads the definitions table, indexed by rule id.
+func (s *Shield) portDefs() ([]datapath.MoatPortRuleDef, error) {
+	m := s.maps[datapath.MoatMapPortRuleDefs]
 	n := int(m.MaxEntries())
 	keys := make([]uint32, n)
-	vals := make([]datapath.MoatPortRule, n)
+	vals := make([]datapath.MoatPortRuleDef, n)
 	var cursor ebpf.MapBatchCursor
 	got := 0
 	for got < n {
 		c, err := m.BatchLookup(&cursor, keys[got:], vals[got:], nil)
 		got += c
 		if err != nil {
-			if got == n || isBatchEnd(err) {
+			if isBatchEnd(err) {
 				break
 			}
 			return nil, fmt.Errorf("read port rules: %w", err)
 		}
 	}
-	table := make([]datapath.MoatPortRule, n)
+	defs := make([]datapath.MoatPortRuleDef, n)
 	for i := 0; i < got; i++ {
-		table[keys[i]] = vals[i]
+		defs[keys[i]] = vals[i]
 	}
-	return table, nil
-}
-
-// PortRules lists the port rules, in table order.
-func (s *Shield) PortRules() ([]PortRule, error) {
-	table, err := s.portTable()
-	if err != nil {
-		return nil, err
-	}
-	var out []PortRule
-	for i := 0; i < len(table); {
-		r := table[i]
-		if r.Id == 0 {
-			i++
-			continue
-		}
-		j := i
-		for j+1 < len(table) && table[j+1].Id == r.Id && (j+1)>>16 == i>>16 {
-			j++
-		}
-		hits, err := s.portHits(r.Id)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, PortRule{
-			ID:     r.Id,
-			Spec:   rules.PortSpec{Class: rules.Class(i >> 16), From: uint16(i), To: uint16(j)},
-			Action: rules.Action(r.Action),
-			Hits:   hits,
-		})
-		i = j + 1
-	}
-	return out, nil
+	return defs, nil
 }
 
 func (s *Shield) portHits(id uint16) (uint64, error) {
@@ -123,6 +122,16 @@ func (s *Shield) AddPortRule(spec rules.PortSpec, action rules.Action) error {
 	if err := s.maps[datapath.MoatMapPortRuleHits].Update(uint32(id), zero, ebpf.UpdateAny); err != nil {
 		return err
 	}
+	return s.setPortRule(id, spec, action)
+}
+
+// setPortRule writes a rule's definition, then its slots, so a listing
+// never misses a rule that the data path applies.
+func (s *Shield) setPortRule(id uint16, spec rules.PortSpec, action rules.Action) error {
+	def := datapath.MoatPortRuleDef{Class: uint8(spec.Class), Action: uint8(action), From: spec.From, To: spec.To}
+	if err := s.maps[datapath.MoatMapPortRuleDefs].Update(uint32(id), def, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("update port rules: %w", err)
+	}
 	return s.writePorts(spec, portValue(id, action))
 }
 
@@ -138,7 +147,10 @@ func (s *Shield) RemovePortRule(spec rules.PortSpec) error {
 	}
 	for _, r := range existing {
 		if r.Spec == spec {
-			return s.writePorts(spec, datapath.MoatPortRule{})
+			if err := s.writePorts(spec, datapath.MoatPortRule{}); err != nil {
+				return err
+			}
+			return s.maps[datapath.MoatMapPortRuleDefs].Update(uint32(r.ID), datapath.MoatPortRuleDef{}, ebpf.UpdateAny)
 		}
 		if r.Spec.Overlaps(spec) {
 			return userErrorf("no port rule %s; the rule there is %s", spec, r.Spec)

@@ -39,7 +39,7 @@ var sharedMaps = []string{
 	datapath.MoatMapDenyV4Hosts, datapath.MoatMapDenyV6Hosts,
 	datapath.MoatMapDenyV4Nets, datapath.MoatMapDenyV6Nets,
 	datapath.MoatMapComments, datapath.MoatMapPortRules,
-	datapath.MoatMapPortRuleHits, datapath.MoatMapSettings,
+	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
 	datapath.MoatMapSynPorts, datapath.MoatMapSynStats, datapath.MoatMapSynKeys,
 	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings,
 }
