@@ -46,6 +46,13 @@ volatile const __u32 cfg_src_mask[4];
  * seq_first + n * seq_stride, so threads interleave over one walk. */
 volatile const __u64 cfg_seq_first;
 volatile const __u64 cfg_seq_stride;
+/* The template's headers, restored before every frame: live-frame pages are
+ * recycled without being reset, and a receiver that answers with XDP_TX
+ * (moat's SYN cookies) rewrites the very page it got. Once the receiver
+ * frees it, the page comes back to this run's pool holding the reply, and
+ * without the restore the generator would send that reply on. */
+volatile const __u8 cfg_headers[FLOOD_HEADER_MAX];
+volatile const __u32 cfg_headers_len; /* 1..FLOOD_HEADER_MAX */
 
 /* Per-instance state. Each sending thread loads its own instance, and one
  * PROG_TEST_RUN runs on one CPU at a time, so none of this needs atomics. */
@@ -245,12 +252,21 @@ int flood_gen(struct xdp_md *ctx)
 	void *end = (void *)(long)ctx->data_end;
 	__u32 l4_acc = 0;
 	void *l4 = NULL;
+	__u32 len;
 	int err;
 
 	/* Past the budget, frames are dropped rather than sent: a run that the
 	 * loader repeats after EINTR cannot overshoot an exact count. */
 	if (sent >= budget)
 		return XDP_DROP;
+
+	len = cfg_headers_len;
+	if (len == 0 || len > FLOOD_HEADER_MAX)
+		return XDP_ABORTED;
+	if (bpf_xdp_store_bytes(ctx, 0, (void *)cfg_headers, len))
+		return XDP_ABORTED;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
 
 	if (cfg_family == 4)
 		err = rewrite_ipv4(data, end, &l4_acc, &l4);

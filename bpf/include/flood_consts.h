@@ -15,6 +15,13 @@ enum rewrite_field {
 	FLOOD_REWRITE_ICMP_ECHO = 1 << 6, /* echo identifier random, sequence counts up */
 };
 
+/* Bytes of the template's headers that the generator restores before each
+ * frame: Ethernet, two VLAN tags, IPv6 and a TCP header with 40 bytes of
+ * options fit. */
+#ifndef FLOOD_HEADER_MAX
+#define FLOOD_HEADER_MAX 136
+#endif
+
 /* Slots of the receiver-side counter, one per kind of frame seen. */
 enum count_slot {
 	FLOOD_COUNT_TCP_SYN = 0,   /* SYN without ACK */

@@ -1,7 +1,9 @@
 // Command moat-demo shows moat at work in a throw-away lab: a server, a
-// legitimate client and an attacker in network namespaces. It sends the
-// same traffic twice, without and with moat, prints what got through, and
-// tears everything down.
+// legitimate client and an attacker in network namespaces. Part one sends
+// the same traffic twice, without and with moat's filter, and prints what
+// got through; part two (synflood.go) floods a TCP port with spoofed SYNs
+// while the client keeps connecting, with the kernel alone and then with
+// moat's SYN cookies. Everything is torn down at the end, or on failure.
 package main
 
 import (
@@ -14,10 +16,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -34,8 +38,14 @@ const (
 
 func main() {
 	floodCount := flag.Uint64("flood", 500_000, "packets in the spoofed UDP flood")
+	synFor := flag.Duration("syn-flood", 5*time.Second, "length of each spoofed SYN flood round")
 	flag.Parse()
-	if err := run(*floodCount); err != nil {
+	// An interrupt cancels the run instead of killing it, so the deferred
+	// teardown (namespaces, XDP programs, pins) still runs.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *floodCount, *synFor); err != nil {
+		stop()
 		fmt.Fprintf(os.Stderr, "moat-demo: %v\n", err)
 		os.Exit(1)
 	}
@@ -53,7 +63,7 @@ type round struct {
 	udpSpoofed, floodSent  uint64
 }
 
-func run(floodCount uint64) error {
+func run(ctx context.Context, floodCount uint64, synFor time.Duration) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the demo needs root (network namespaces, XDP)")
 	}
@@ -82,23 +92,10 @@ func run(floodCount uint64) error {
 	}
 	defer stop()
 
-	moatCmd := func(args ...string) error {
-		cmd := srv.Command(context.Background(), moat, append([]string{"--root", root}, args...)...)
-		out, err := cmd.CombinedOutput()
-		fmt.Printf("   $ moat %s\n", strings.Join(args, " "))
-		for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
-			if line != "" {
-				fmt.Printf("     %s\n", line)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("moat %s: %v", strings.Join(args, " "), err)
-		}
-		return nil
-	}
+	moatCmd := moatIn(srv, moat, root)
 
 	fmt.Println("\n== round 1: no protection")
-	before, err := traffic(l, &got, floodCount)
+	before, err := traffic(ctx, l, &got, floodCount)
 	if err != nil {
 		return err
 	}
@@ -117,7 +114,7 @@ func run(floodCount uint64) error {
 	}
 
 	fmt.Println("\n== round 2: with moat")
-	after, err := traffic(l, &got, floodCount)
+	after, err := traffic(ctx, l, &got, floodCount)
 	if err != nil {
 		return err
 	}
@@ -152,7 +149,39 @@ func run(floodCount uint64) error {
 		return errors.New("moat did not behave as the demo expects (see the table above)")
 	}
 	fmt.Println("done: the client was served, the attacker and the flood were dropped in XDP.")
-	return nil
+
+	// Part two gets its own pin root: part one's detach removed its own.
+	synRoot := root + "-syn"
+	defer os.RemoveAll(synRoot)
+	return synFloodPart(ctx, l, moat, synRoot, synFor)
+}
+
+// moatIn returns a function that runs the moat CLI in h's namespace with
+// its pins under root, echoing the command and its output.
+func moatIn(h *lab.Host, bin, root string) func(args ...string) error {
+	return func(args ...string) error {
+		_, err := moatOutput(h, bin, root, true, args...)
+		return err
+	}
+}
+
+// moatOutput runs the moat CLI in h's namespace and returns its combined
+// output, echoing the command and the output when echo is set.
+func moatOutput(h *lab.Host, bin, root string, echo bool, args ...string) ([]byte, error) {
+	cmd := h.Command(context.Background(), bin, append([]string{"--root", root}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if echo {
+		fmt.Printf("   $ moat %s\n", strings.Join(args, " "))
+		for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+			if line != "" {
+				fmt.Printf("     %s\n", line)
+			}
+		}
+	}
+	if err != nil {
+		return out, fmt.Errorf("moat %s: %v", strings.Join(args, " "), err)
+	}
+	return out, nil
 }
 
 // moatBinary finds the moat CLI next to this program, or on the PATH.
@@ -225,7 +254,7 @@ func serve(l *lab.Lab, got *received) (func(), error) {
 
 // traffic sends one round: TCP connections and datagrams from the client
 // and the attacker, then a spoofed UDP flood from the attacker.
-func traffic(l *lab.Lab, got *received, floodCount uint64) (round, error) {
+func traffic(ctx context.Context, l *lab.Lab, got *received, floodCount uint64) (round, error) {
 	var r round
 	base := struct{ tc, ta, uc, ua, us uint64 }{got.tcpClient.Load(), got.tcpAttacker.Load(), got.udpClient.Load(), got.udpAttacker.Load(), got.udpSpoofed.Load()}
 	dst := l.Server.Ifaces[0].IPv4.Addr()
@@ -250,7 +279,7 @@ func traffic(l *lab.Lab, got *received, floodCount uint64) (round, error) {
 	var res flood.Result
 	err = l.Attacker.Do(func() error {
 		var err error
-		res, err = flood.Run(context.Background(), flood.Config{
+		res, err = flood.Run(ctx, flood.Config{
 			Kind: flood.KindUDP, IfIndex: att.Index, DstMAC: att.PeerMAC,
 			Sources: l.SpoofV4, Dst: dstAtt, DstPort: udpPort, Count: floodCount,
 			Force: true, // the demo built this namespace itself

@@ -296,6 +296,14 @@ func share(count uint64, n, i int) uint64 {
 // configure sets the program's load-time constants from the template.
 func configure(spec *ebpf.CollectionSpec, t *frameTemplate, cfg *Config) error {
 	base, mask := hostMask(cfg.Sources)
+	// The program restores the template's leading bytes before each frame
+	// (see cfg_headers in flood.bpf.c); its array sets how many fit.
+	hv, ok := spec.Variables[FloodVarCfgHeaders]
+	if !ok {
+		return fmt.Errorf("flood program lacks variable %s", FloodVarCfgHeaders)
+	}
+	headers := make([]byte, hv.Size())
+	n := copy(headers, t.frame)
 	var seq uint8
 	if cfg.Sequential {
 		seq = 1
@@ -312,6 +320,8 @@ func configure(spec *ebpf.CollectionSpec, t *frameTemplate, cfg *Config) error {
 		{FloodVarCfgRewrite, uint32(t.rewrite)},
 		{FloodVarCfgSrcBase, base},
 		{FloodVarCfgSrcMask, mask},
+		{FloodVarCfgHeaders, headers},
+		{FloodVarCfgHeadersLen, uint32(n)},
 	}
 	for _, s := range set {
 		v, ok := spec.Variables[s.name]

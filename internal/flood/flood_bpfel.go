@@ -47,6 +47,8 @@ const (
 	FloodVarBudget                   = "budget"
 	FloodVarCfgCountPass             = "cfg_count_pass"
 	FloodVarCfgFamily                = "cfg_family"
+	FloodVarCfgHeaders               = "cfg_headers"
+	FloodVarCfgHeadersLen            = "cfg_headers_len"
 	FloodVarCfgL3Off                 = "cfg_l3_off"
 	FloodVarCfgL4proto               = "cfg_l4proto"
 	FloodVarCfgRewrite               = "cfg_rewrite"
@@ -122,6 +124,8 @@ type FloodVariableSpecs struct {
 	Budget                   *ebpf.VariableSpec `ebpf:"budget"`
 	CfgCountPass             *ebpf.VariableSpec `ebpf:"cfg_count_pass"`
 	CfgFamily                *ebpf.VariableSpec `ebpf:"cfg_family"`
+	CfgHeaders               *ebpf.VariableSpec `ebpf:"cfg_headers"`
+	CfgHeadersLen            *ebpf.VariableSpec `ebpf:"cfg_headers_len"`
 	CfgL3Off                 *ebpf.VariableSpec `ebpf:"cfg_l3_off"`
 	CfgL4proto               *ebpf.VariableSpec `ebpf:"cfg_l4proto"`
 	CfgRewrite               *ebpf.VariableSpec `ebpf:"cfg_rewrite"`
@@ -172,6 +176,8 @@ type FloodVariables struct {
 	Budget                   *ebpf.Variable `ebpf:"budget"`
 	CfgCountPass             *ebpf.Variable `ebpf:"cfg_count_pass"`
 	CfgFamily                *ebpf.Variable `ebpf:"cfg_family"`
+	CfgHeaders               *ebpf.Variable `ebpf:"cfg_headers"`
+	CfgHeadersLen            *ebpf.Variable `ebpf:"cfg_headers_len"`
 	CfgL3Off                 *ebpf.Variable `ebpf:"cfg_l3_off"`
 	CfgL4proto               *ebpf.Variable `ebpf:"cfg_l4proto"`
 	CfgRewrite               *ebpf.Variable `ebpf:"cfg_rewrite"`

@@ -17,6 +17,8 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+
+	"github.com/moat-shield/moat/internal/testpkt"
 )
 
 var (
@@ -413,4 +415,46 @@ func TestConfigRejects(t *testing.T) {
 	if _, _, err := prepare(&c); err != nil {
 		t.Errorf("1472-byte UDP payload refused: %v", err)
 	}
+}
+
+// TestGeneratorRestoresTemplate feeds the generator a page that a receiver
+// rewrote into its reply, as a receiver answering with XDP_TX (moat's SYN
+// cookies) does before the page returns to the live-frames pool: the next
+// frame must still be the flood's SYN, not the reply sent on.
+func TestGeneratorRestoresTemplate(t *testing.T) {
+	cfg := Config{
+		Kind: KindSYN, IfIndex: 1, SrcMAC: testSrcMAC, DstMAC: testDstMAC,
+		Sources: netip.MustParsePrefix("198.19.0.0/16"), Dst: netip.MustParseAddr("198.18.2.1"), DstPort: 443,
+	}
+	tmpl, spec, err := prepare(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, err := newGenerator(spec, 0, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gen.Close()
+
+	// The reply a SYN cookie receiver makes of the page: MACs, addresses
+	// and ports swapped, SYN|ACK with an acknowledgment number.
+	reply := testpkt.Frame{
+		SrcMAC: testDstMAC, DstMAC: testSrcMAC,
+		Net: testpkt.IPv4{Src: cfg.Dst, Dst: netip.MustParseAddr("198.19.3.4")},
+		L4: testpkt.TCP{SYN: true, ACK: true, SrcPort: 443, DstPort: 40000, Seq: 7, Ack: 8,
+			Options: []testpkt.TCPOption{testpkt.MSS(1460), testpkt.SACKPermitted(),
+				testpkt.Timestamps(1, 2), testpkt.TCPNOP(), testpkt.WindowScale(7)}},
+	}.Bytes()
+	if len(reply) != len(tmpl.frame) {
+		t.Fatalf("reply of %d bytes, template of %d: the test needs the page's length unchanged", len(reply), len(tmpl.frame))
+	}
+	out := make([]byte, len(reply)+256)
+	ret, err := gen.prog.Run(&ebpf.RunOptions{Data: reply, DataOut: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ret != 3 { // XDP_TX
+		t.Fatalf("verdict %d, want XDP_TX", ret)
+	}
+	checkFrame(t, &cfg, tmpl, out[:len(reply)], 0, func(string, uint64) {})
 }
