@@ -26,7 +26,15 @@ var (
 	testDstMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
 )
 
-func init() { _ = rlimit.RemoveMemlock() }
+func init() {
+	_ = rlimit.RemoveMemlock()
+	// Random ports would otherwise make gopacket decode some payloads as
+	// DNS, DHCPv6, VXLAN and so on, and fail on bytes that are not theirs.
+	for p := 0; p < 65536; p++ {
+		layers.RegisterUDPPortLayerType(layers.UDPPort(p), gopacket.LayerTypePayload)
+		layers.RegisterTCPPortLayerType(layers.TCPPort(p), gopacket.LayerTypePayload)
+	}
+}
 
 // onesSum is the Internet checksum's one's complement sum, folded, written
 // apart from the BPF code it checks.
