@@ -10,6 +10,8 @@
 #include "parsing.h"
 #include "policy.h"
 #include "syncookie.h"
+#include "capture.h"
+#include "ratelimit.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -42,6 +44,7 @@ static __always_inline int verdict(struct xdp_md *ctx, enum verdict_reason reaso
 		c->packets++;
 		c->bytes += ctx->data_end - ctx->data;
 	}
+	capture_hook(ctx, reason, action); /* moat dump (capture.h): a branch while off */
 	return action;
 }
 
@@ -75,6 +78,17 @@ int moat_filter(struct xdp_md *ctx)
 	if (rule) {
 		__sync_fetch_and_add(&rule->hits, 1);
 		return verdict(ctx, REASON_DENYLIST, XDP_DROP);
+	}
+
+	/* Rate limits and flood budgets (ratelimit.h): after the lists, so
+	 * allowlisted sources are never limited and auto-blocked ones stop at
+	 * the denylist; before the fragment, malformed and port verdicts, so
+	 * fragments and malformed packets count against their source too. */
+	switch (rl_check(ctx, &pkt)) {
+	case RL_DROP_SOURCE:
+		return verdict(ctx, REASON_RATELIMIT, XDP_DROP);
+	case RL_DROP_BUDGET:
+		return verdict(ctx, REASON_BUDGET, XDP_DROP);
 	}
 
 	if (ret == PARSE_MALFORMED) /* malformed L4, passed by policy */

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 need_go="$(awk '/^go /{print $2}' "$(dirname "$0")/../go.mod")"
-packages=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool iputils-ping nftables tcpdump ca-certificates git make)
+packages=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool iputils-ping nftables tcpdump tshark ca-certificates git make)
 if [ "${MOAT_SETUP_BENCH:-0}" = 1 ]; then
 	packages+=(xdp-tools)
 fi

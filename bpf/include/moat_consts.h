@@ -65,7 +65,9 @@ enum verdict_reason {
 	REASON_PORT_ALLOW = 5, /* protocol/port or ICMP type rule: passed */
 	REASON_FRAGMENT = 6,   /* non-first fragment, per the fragment policy */
 	REASON_MALFORMED = 7,  /* truncated or inconsistent headers */
-	REASON_MAX = 8,
+	REASON_RATELIMIT = 8,  /* source over its rate limit (ratelimit.h): dropped */
+	REASON_BUDGET = 9,     /* over the flood budget of its protocol/port: dropped */
+	REASON_MAX = 10,
 };
 
 /* What to do with a non-first fragment, which carries no L4 header: source

@@ -10,10 +10,17 @@
 #include "moat_consts.h"
 #include "moat_structs.h"
 #include "syn_maps.h" /* SYN flood defence maps */
+#include "capture_maps.h" /* packet capture (moat dump) */
 
-/* Exact hosts live in hash maps beside the tries: loading a million /32s
- * into a hash map is several times faster than into an LPM trie, and the
- * lookup does not depend on how full the trie is. */
+/* Exact hosts live in hash maps beside the tries: a lookup costs the same
+ * however full the map is, and per-bucket locks let every CPU load one map
+ * at once, where a trie takes one lock per insert. Loading alone would not
+ * decide it (kernel 6.18, 2 vCPUs, kernel CPU time for 600k IPv4 /32s):
+ * 0.7 s into this map, 0.8 s into a trie in address order, 1.9 s in random
+ * order. No preallocation: a preallocated map loads twice as fast but holds
+ * max_entries elements from its creation on (192 MiB for 2M IPv4 hosts,
+ * empty or not), where this one takes about 84 bytes per stored element
+ * plus 16 per slot of max_entries (32 MiB at 2M). */
 #define HOST_MAP(name, key_type, size)                 \
 	struct {                                       \
 		__uint(type, BPF_MAP_TYPE_HASH);       \

@@ -6,6 +6,8 @@
 
 #include <linux/types.h>
 
+#include "capture_structs.h" /* packet capture (moat dump) */
+
 /* Key of the exact-host maps (/32 and /128), network byte order. */
 struct host_v4 {
 	__u8 addr[4];
@@ -35,6 +37,7 @@ struct prefix_rule {
 };
 
 #define RULE_F_COMMENT 1 /* a comment is stored in the comments map */
+#define RULE_F_AUTO 2    /* written by the data path: a rate limit's auto-block */
 
 /* Key of the comments map: which list and which prefix. */
 struct comment_key {

@@ -14,6 +14,10 @@
 #ifndef SYN_WINDOW_NS
 #define SYN_WINDOW_NS 100000000ULL
 #endif
+/* Keys older than this many rotation periods are stale: two periods are
+ * the life of a key, the half period is slack for a late rotator. In half
+ * periods so that the arithmetic stays in integers. */
+#define SYN_STALE_HALF_PERIODS 5
 /* TCP options are at most 40 bytes, so at most 40 of them. */
 #define MAX_TCP_OPTIONS 40
 /* Defaults used when the syn_config map holds zeros. */
@@ -22,6 +26,8 @@
 #define SYN_DEFAULT_MSS_V4 1460
 #define SYN_DEFAULT_MSS_V6 1440
 #define SYN_DEFAULT_RCV_WSCALE 7
+/* How often the control plane rotates keys unless syn_config says other. */
+#define SYN_DEFAULT_ROTATION_NS 60000000000ULL
 #define SYNACK_WINDOW 65535
 #define SYNACK_TTL 64
 
@@ -30,11 +36,17 @@
  *   31 ......... 10 |  9  |  8  |  7   | 6 5 4 | 3 2 1 0
  *   hash (22 bits)  | key | ECN | SACK |  MSS  | wscale
  *
- * hash is the top 22 bits of SipHash-2-4 over the addresses, ports, the
- * client's ISN and the low 10 bits themselves, so those are authenticated
- * too. key is the parity of the key generation that made the cookie.
- * wscale 15 means the client sent no window scale option. MSS indexes the
- * table in syncookie.h. */
+ * hash is bits 10-31 of SipHash-2-4 over the addresses, ports, the client's
+ * ISN, the low 10 bits themselves (so those are authenticated too) and
+ * whether the SYN offered timestamps. key is the parity of the key
+ * generation that made the cookie. wscale 15 means the client sent no
+ * window scale option. MSS indexes the table in syncookie.h.
+ *
+ * When the SYN offers timestamps, moat's TSval is the millisecond clock
+ * plus a per-connection offset (bits 40-63 of the same hash, so TSval says
+ * nothing about uptime) with its low 8 bits replaced by hash bits 32-39;
+ * the ACK must echo them in TSecr, so a forged ACK with timestamps must
+ * guess 30 bits, not 22. */
 enum syn_cookie_bits {
 	SYN_COOKIE_WSCALE_MASK = 0xf,
 	SYN_COOKIE_NO_WSCALE = 0xf,
@@ -45,6 +57,12 @@ enum syn_cookie_bits {
 	SYN_COOKIE_KEY = 1 << 9,
 	SYN_COOKIE_META_MASK = 0x3ff,
 	SYN_COOKIE_MSS_ENTRIES = 8,
+	/* Hashed with the meta bits but not carried in the cookie: the SYN
+	 * offered timestamps, so the ACK must carry them too. */
+	SYN_COOKIE_MSG_TS = 1 << 16,
+	SYN_TS_HASH_MASK = 0xff, /* TSval bits that carry hash bits */
+	SYN_TS_HASH_SHIFT = 32,  /* where in the 64-bit hash they come from */
+	SYN_TS_OFFSET_SHIFT = 40, /* the TSval offset: the hash's top 24 bits */
 };
 
 /* What moat does with SYNs to a port. */
@@ -65,6 +83,9 @@ struct syn_port {
 	__u32 window_threshold; /* SYNs per CPU per SYN_WINDOW_NS that mean a flood */
 	__u64 last_flood_ns;    /* last time a CPU saw its window go over the threshold */
 	__u64 last_change_ns;   /* last time flooding changed */
+	/* last_flood_ns plus the hold time: flooding is only cleared by the
+	 * next SYN, so readers compare this with the clock instead. */
+	__u64 flood_until_ns;
 };
 
 /* Per CPU and per protected port (key: port as __u32). The window fields
@@ -76,6 +97,11 @@ struct syn_port_stats {
 	__u64 cookies_rejected; /* ACKs to a listener whose moat cookie was wrong */
 	__u64 acks_dropped;     /* ACKs with no socket and no valid cookie, dropped */
 	__u64 accept_errors;    /* valid cookie, but bpf_sk_assign_tcp_reqsk failed */
+	__u64 syns_dropped;     /* cookie mode: SYNs moat will not answer (data, FIN/RST,
+				 * IP options or extension headers, fragments,
+				 * non-unicast or martian addresses), dropped */
+	__u64 stale_key_syns;   /* SYNs left to the kernel because the key rotation is
+				 * overdue (see syn_config.rotation_period_ns) */
 	__u64 win_start_ns;
 	__u64 win_syns;
 };
@@ -103,6 +129,10 @@ struct syn_config {
 	__u8 rcv_wscale;        /* window scale moat announces (and the kernel then uses) */
 	__u8 ecn;               /* 1: accept ECN (net.ipv4.tcp_ecn != 0) */
 	__u8 pad[2];
+	/* How often the control plane rotates keys. Once the last rotation is
+	 * older than 2.5 of these (SYN_STALE_HALF_PERIODS), the rotator is taken for dead:
+	 * moat issues and accepts no more cookies and the kernel handles SYNs. */
+	__u64 rotation_period_ns;
 };
 
 /* The message SipHash authenticates, 48 bytes (6 words) for both
@@ -113,7 +143,7 @@ struct syn_cookie_msg {
 	__be16 sport;   /* the client's port, network order */
 	__be16 dport;
 	__be32 client_isn; /* network order */
-	__u32 meta;     /* the cookie's low 10 bits */
+	__u32 meta;     /* the cookie's low 10 bits, | SYN_COOKIE_MSG_TS */
 	__u32 family;   /* 4 or 6 */
 };
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
-/* SYN flood defence. The XDP side answers SYNs to protected ports with a
- * SYN-ACK that carries a moat cookie (syn_defend) and drops ACKs that
- * belong to no socket and carry no valid cookie; the tc side (syn_accept)
+/* SYN flood defence. The XDP side answers SYNs to a local listener on a
+ * protected port with a SYN-ACK that carries a moat cookie (syn_defend) and
+ * drops ACKs that reach only the listener and carry no valid cookie,
+ * moat's or the kernel's; the tc side (syn_accept)
  * turns a valid cookie ACK into a request socket with bpf_sk_assign_tcp_reqsk
  * so the kernel creates the connection with the options the client sent.
  *
@@ -25,6 +26,9 @@
 
 /* syn_defend's "no decision, carry on with the policy". */
 #define SYN_CONTINUE -1
+/* tcx: "not mine to decide", the next program in the chain (and legacy tc
+ * filters after them) runs. TC_ACT_OK would end the chain. */
+#define SYN_TC_NEXT TC_ACT_UNSPEC
 
 #define TCPF_FIN 0x01
 #define TCPF_SYN 0x02
@@ -34,9 +38,16 @@
 #define TCPF_CWR 0x80
 
 /* Only plain headers are answered: IPv4 without options and IPv6 without
- * extension headers. Anything else goes to the kernel, whose own cookies
- * still protect it. */
+ * extension headers. In cookie mode anything else is dropped, or a flood
+ * of such SYNs would reach the kernel at its own rate. */
 #define SYN_MAX_L3_OFF (14 + 4 * MAX_VLAN_DEPTH)
+/* An ACK's TCP header may sit behind IP options or IPv6 extension headers;
+ * its offset is masked with this so the verifier sees it bounded. A larger
+ * offset (a kilobyte of extension headers) is not a handshake moat takes. */
+#define SYN_L4_MASK 0x3ff
+/* The largest packet without data: Ethernet, two tags, IPv4 with options
+ * and TCP with options. tc makes such packets linear before parsing. */
+#define SYN_PULL_LEN (SYN_MAX_L3_OFF + 60 + 60)
 #define SYNACK_TCP_LEN 40 /* 20 bytes of header, 20 of options */
 #define IPV6_MIN_MSS 1220 /* IPv6 minimum MTU 1280 - 60 */
 #define IPV4_MIN_MSS 536
@@ -105,7 +116,13 @@ static __always_inline __u32 syn_mss_index(__u16 mss)
  * and the compiler otherwise checks a copy of the register it passes. */
 static __always_inline __u32 opt_copy_len(__u32 optlen)
 {
-	return ((optlen - 1) & TCP_OPTBUF_MASK) + 1;
+	__u32 n = ((optlen - 1) & TCP_OPTBUF_MASK) + 1;
+
+	/* The empty asm makes n opaque to the compiler, so the register the
+	 * helper gets is the one the mask and add bounded, whatever the
+	 * register allocation. */
+	asm volatile("" : "+r"(n));
+	return n;
 }
 
 static __always_inline struct syn_config *syn_get_config(void)
@@ -115,54 +132,174 @@ static __always_inline struct syn_config *syn_get_config(void)
 	return bpf_map_lookup_elem(&syn_settings, &zero);
 }
 
-/* The 22 hash bits of a cookie, in place (low bits zero). */
-static __always_inline __u32 syn_cookie_hash(const struct syn_key *k, const struct packet *p,
-					     __be32 client_isn, __u32 meta)
+/* The socket tuple of a packet, in the packet's direction. */
+static __always_inline __u32 syn_tuple(const struct packet *p, struct bpf_sock_tuple *t)
 {
-	struct syn_cookie_msg msg = {};
-	__u64 words[sizeof(msg) / 8];
+	if (p->family == 4) {
+		__builtin_memcpy(&t->ipv4.saddr, p->saddr, 4);
+		__builtin_memcpy(&t->ipv4.daddr, p->daddr, 4);
+		t->ipv4.sport = bpf_htons(p->sport);
+		t->ipv4.dport = bpf_htons(p->dport);
+		return sizeof(t->ipv4);
+	}
+	__builtin_memcpy(t->ipv6.saddr, p->saddr, 16);
+	__builtin_memcpy(t->ipv6.daddr, p->daddr, 16);
+	t->ipv6.sport = bpf_htons(p->sport);
+	t->ipv6.dport = bpf_htons(p->dport);
+	return sizeof(t->ipv6);
+}
+
+/* SipHash of a cookie's message; meta may carry SYN_COOKIE_MSG_TS. */
+static __always_inline __u64 syn_hash(const struct syn_key *k, const struct packet *p,
+				      __be32 client_isn, __u32 meta)
+{
+	/* One buffer seen both ways: the stack is shared with the rest of the
+	 * SYN path and the verifier's 512 bytes are counted across calls. */
+	union {
+		struct syn_cookie_msg msg;
+		__u64 words[sizeof(struct syn_cookie_msg) / 8];
+	} u = {};
 
 	if (p->family == 4) {
-		__builtin_memcpy(msg.saddr, p->saddr, 4);
-		__builtin_memcpy(msg.daddr, p->daddr, 4);
+		__builtin_memcpy(u.msg.saddr, p->saddr, 4);
+		__builtin_memcpy(u.msg.daddr, p->daddr, 4);
 	} else {
-		__builtin_memcpy(msg.saddr, p->saddr, 16);
-		__builtin_memcpy(msg.daddr, p->daddr, 16);
+		__builtin_memcpy(u.msg.saddr, p->saddr, 16);
+		__builtin_memcpy(u.msg.daddr, p->daddr, 16);
 	}
-	msg.sport = bpf_htons(p->sport);
-	msg.dport = bpf_htons(p->dport);
-	msg.client_isn = client_isn;
-	msg.meta = meta & SYN_COOKIE_META_MASK;
-	msg.family = p->family;
-	__builtin_memcpy(words, &msg, sizeof(msg));
-	return (__u32)siphash24_words(k->k0, k->k1, words, sizeof(msg) / 8) &
-	       ~(__u32)SYN_COOKIE_META_MASK;
+	u.msg.sport = bpf_htons(p->sport);
+	u.msg.dport = bpf_htons(p->dport);
+	u.msg.client_isn = client_isn;
+	u.msg.meta = meta & (SYN_COOKIE_META_MASK | SYN_COOKIE_MSG_TS);
+	u.msg.family = p->family;
+	return siphash24_words(k->k0, k->k1, u.words, sizeof(u.words) / 8);
+}
+
+/* The cookie: 22 hash bits above the 10 meta bits. */
+static __always_inline __u32 syn_cookie_of(__u64 h, __u32 meta)
+{
+	return ((__u32)h & ~(__u32)SYN_COOKIE_META_MASK) | (meta & SYN_COOKIE_META_MASK);
+}
+
+/* moat's TSval: a millisecond clock moved by a keyed per-connection offset,
+ * with 8 more hash bits in its low byte (syn_structs.h). */
+static __always_inline __u32 syn_tsval(__u64 h, __u64 now_ns)
+{
+	__u32 ms = (__u32)(now_ns / 1000000) + (__u32)(h >> SYN_TS_OFFSET_SHIFT);
+
+	return (ms & ~(__u32)SYN_TS_HASH_MASK) | ((__u32)(h >> SYN_TS_HASH_SHIFT) & SYN_TS_HASH_MASK);
+}
+
+enum syn_key_status {
+	SYN_KEYS_LIVE = 0,
+	SYN_KEYS_NONE = 1,  /* never installed: no cookies */
+	SYN_KEYS_STALE = 2, /* the rotator stopped: no cookies, fail open */
+};
+
+/* The rotation state, and whether cookies may be issued and accepted. A
+ * rotator that died would leave one key signing forever; instead moat
+ * stops issuing cookies SYN_STALE_HALF_PERIODS / 2 periods after the last
+ * rotation, visibly (stale_key_syns, `moat syn status`). */
+static __always_inline int syn_rotation_state(const struct syn_config *cfg, __u64 now, struct syn_key_state **out)
+{
+	__u32 zero = 0;
+	struct syn_key_state *ks = bpf_map_lookup_elem(&syn_rotation, &zero);
+	__u64 period;
+
+	*out = ks;
+	if (!ks || ks->generation == 0)
+		return SYN_KEYS_NONE;
+	period = cfg->rotation_period_ns ? cfg->rotation_period_ns : SYN_DEFAULT_ROTATION_NS;
+	if ((__s64)(now - ks->rotated_ns) > (__s64)(period / 2 * SYN_STALE_HALF_PERIODS))
+		return SYN_KEYS_STALE;
+	return SYN_KEYS_LIVE;
 }
 
 /* Checks the cookie an ACK returns (its ack_seq - 1) for the client's ISN
- * (its seq - 1). Returns the cookie's low bits, or -1. The key slot is
+ * (its seq - 1) and, when the ACK carries timestamps, the hash bits its
+ * TSecr echoes. Returns the cookie's low bits, or -1. The key slot is
  * named by the cookie, so one hash decides; a cookie made two rotations
  * ago names the slot the current key now holds and fails. */
-static __always_inline int syn_cookie_check(const struct packet *p, __u32 cookie, __u32 client_isn)
+static __always_inline int syn_cookie_check(const struct packet *p, const struct syn_config *cfg,
+					    __u64 now, __u32 cookie, __u32 client_isn,
+					    const struct tcp_opts *o)
 {
 	struct syn_key_state *ks;
 	struct syn_key *k;
-	__u32 zero = 0, slot, meta = cookie & SYN_COOKIE_META_MASK;
+	__u32 slot, meta = cookie & SYN_COOKIE_META_MASK;
+	__u64 gen, h;
 
-	ks = bpf_map_lookup_elem(&syn_rotation, &zero);
-	if (!ks || ks->generation == 0)
+	if (syn_rotation_state(cfg, now, &ks) != SYN_KEYS_LIVE || !ks)
 		return -1;
+	gen = ks->generation;
 	slot = (meta & SYN_COOKIE_KEY) ? 1 : 0;
+	/* Before the second rotation the other slot never held a key of a
+	 * generation in force: whatever is in it (zeros, if the control plane
+	 * wrote only one slot) must not sign anything. */
+	if (slot != (gen & 1) && gen < 2)
+		return -1;
 	k = bpf_map_lookup_elem(&syn_keys, &slot);
 	if (!k)
 		return -1;
-	if ((cookie & ~(__u32)SYN_COOKIE_META_MASK) !=
-	    syn_cookie_hash(k, p, bpf_htonl(client_isn), meta))
+	h = syn_hash(k, p, bpf_htonl(client_isn), meta | (o->has_ts ? SYN_COOKIE_MSG_TS : 0));
+	if (syn_cookie_of(h, meta) != cookie)
+		return -1;
+	if (o->has_ts && (o->tsecr & SYN_TS_HASH_MASK) != ((__u32)(h >> SYN_TS_HASH_SHIFT) & SYN_TS_HASH_MASK))
 		return -1;
 	if ((meta & SYN_COOKIE_WSCALE_MASK) > TCP_MAX_WSCALE &&
 	    (meta & SYN_COOKIE_WSCALE_MASK) != SYN_COOKIE_NO_WSCALE)
 		return -1;
 	return meta;
+}
+
+/* The state of the socket that owns a packet's tuple in the device's
+ * namespace (established, request, time-wait or listener), or -1. */
+static __always_inline int syn_sock_state(void *ctx, const struct packet *p)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 size;
+	int state;
+
+	size = syn_tuple(p, &t);
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return -1;
+	state = sk->state;
+	bpf_sk_release(sk);
+	return state;
+}
+
+/* A SYN moat may answer comes to a unicast frame, from and to unicast,
+ * routable addresses: no SYN-ACK to broadcast, multicast, loopback or
+ * unspecified addresses, which the kernel would never answer either. */
+static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const struct packet *p)
+{
+	__u64 hi, lo;
+	int i;
+
+	if (eth->h_dest[0] & 1) /* group bit: broadcast or multicast MAC */
+		return 0;
+	if (p->family == 4) {
+		/* 0/8, 127/8, and 224/3 (multicast, reserved, broadcast). */
+		if (p->saddr[0] == 0 || p->saddr[0] == 127 || p->saddr[0] >= 224)
+			return 0;
+		if (p->daddr[0] == 0 || p->daddr[0] == 127 || p->daddr[0] >= 224)
+			return 0;
+		return 1;
+	}
+#pragma unroll
+	for (i = 0; i < 2; i++) {
+		const __u8 *a = i ? p->daddr : p->saddr;
+
+		if (a[0] == 0xff) /* ff00::/8 multicast */
+			return 0;
+		__builtin_memcpy(&hi, a, 8);
+		__builtin_memcpy(&lo, a + 8, 8);
+		if (hi == 0 && (lo == 0 || lo == bpf_cpu_to_be64(1))) /* :: and ::1 */
+			return 0;
+	}
+	return 1;
 }
 
 /* Auto mode: counts the SYN in this CPU's window and says whether the
@@ -182,6 +319,7 @@ static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_s
 	st->win_syns++;
 	if (st->win_syns == (__u64)port->window_threshold + 1) {
 		port->last_flood_ns = now;
+		port->flood_until_ns = now + hold;
 		if (!port->flooding) {
 			port->flooding = 1;
 			port->last_change_ns = now;
@@ -271,13 +409,19 @@ static __always_inline void synack_options(struct synack_tcp *s, const struct tc
 }
 
 /* Answers a SYN with a SYN-ACK carrying a moat cookie, rewriting the frame
- * in place. Returns XDP_TX, or SYN_CONTINUE to leave the SYN to the kernel. */
-static __always_inline int syn_answer(struct xdp_md *ctx, const struct packet *p,
-				      struct syn_port_stats *st, const struct syn_config *cfg)
+ * in place. Returns XDP_TX; XDP_DROP for a SYN moat will not answer (odd
+ * shapes and addresses: passing them would let a flood of them reach the
+ * kernel at its own rate); or SYN_CONTINUE to leave the SYN to the kernel
+ * when the kernel must decide (no listener here, a time-wait or request
+ * socket, no live key, double tags). A global function: its stack frame
+ * is not added to syn_defend's. */
+__attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	__u32 l3 = p->l3_off, l4 = p->l4_off, optlen, payload, meta, slot, zero = 0;
+	__u32 l3, l4, optlen, payload, meta, slot, key;
+	struct syn_port_stats *st;
+	struct syn_config *cfg;
 	struct tcp_opt_walk w = {};
 	struct tcp_opts *o = &w.opts;
 	struct synack_tcp s = {};
@@ -287,48 +431,83 @@ static __always_inline int syn_answer(struct xdp_md *ctx, const struct packet *p
 	struct ethhdr *eth;
 	__u8 l2[SYN_MAX_L3_OFF];
 	__be32 client_isn;
-	__u64 sum;
+	__u64 sum, h, now = bpf_ktime_get_ns();
 	__u16 our_mss;
-	__u8 our_wscale, wscale;
-	int ecn, delta;
+	__u8 our_wscale, wscale, ip_ecn;
+	int ecn, delta, keys;
+
+	if (!ctx || !p)
+		return SYN_CONTINUE;
+	key = p->dport;
+	st = bpf_map_lookup_elem(&syn_stats, &key);
+	cfg = syn_get_config();
+	if (!st || !cfg)
+		return SYN_CONTINUE;
+	l3 = p->l3_off;
+	l4 = p->l4_off;
+
+	/* No live key: the kernel's own cookies are all there is. */
+	keys = syn_rotation_state(cfg, now, &ks);
+	if (keys == SYN_KEYS_STALE)
+		st->stale_key_syns++;
+	if (keys != SYN_KEYS_LIVE || !ks)
+		return SYN_CONTINUE;
 
 	if (p->tcp_flags & (TCPF_FIN | TCPF_RST))
-		return SYN_CONTINUE;
+		goto refuse;
 	if (l3 > SYN_MAX_L3_OFF)
-		return SYN_CONTINUE;
+		goto refuse;
+	eth = data;
+	if ((void *)(eth + 1) > data_end || !syn_addrs_unicast(eth, p))
+		goto refuse;
 
 	/* Plain IP headers, no fragment, no payload. */
 	if (p->family == 4) {
 		struct iphdr *iph = data + l3;
 
 		if ((void *)(iph + 1) > data_end)
-			return SYN_CONTINUE;
+			goto refuse;
 		if (iph->ihl != 5 || (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
-			return SYN_CONTINUE;
+			goto refuse;
 		if (l4 != l3 + sizeof(*iph))
-			return SYN_CONTINUE;
+			goto refuse;
 		payload = bpf_ntohs(iph->tot_len) - sizeof(*iph);
+		ip_ecn = iph->tos & 3;
 	} else {
 		struct ipv6hdr *ip6h = data + l3;
 
 		if ((void *)(ip6h + 1) > data_end)
-			return SYN_CONTINUE;
+			goto refuse;
 		if (ip6h->nexthdr != IPPROTO_TCP || l4 != l3 + sizeof(*ip6h))
-			return SYN_CONTINUE;
+			goto refuse;
 		payload = bpf_ntohs(ip6h->payload_len);
+		ip_ecn = (ip6h->flow_lbl[0] >> 4) & 3;
 	}
 	th = data + l4;
 	if ((void *)(th + 1) > data_end)
-		return SYN_CONTINUE;
+		goto refuse;
 	optlen = th->doff * 4;
 	if (optlen < sizeof(*th) || payload != optlen)
-		return SYN_CONTINUE; /* data in the SYN (TFO): the kernel's business */
+		goto refuse; /* data in the SYN (TFO): the client resends a plain SYN */
 	optlen -= sizeof(*th);
 	client_isn = th->seq;
+	/* The kernel's rule for ECN setup (tcp_ecn_create_request): an
+	 * ECT-marked SYN gets ECN only with the reserved bit set. */
+	ecn = cfg->ecn && (p->tcp_flags & (TCPF_ECE | TCPF_CWR)) == (TCPF_ECE | TCPF_CWR) &&
+	      (ip_ecn == 0 || th->res1);
 
-	ks = bpf_map_lookup_elem(&syn_rotation, &zero);
-	if (!ks || ks->generation == 0)
-		return SYN_CONTINUE; /* no key yet: a zero key would make forgeable cookies */
+	/* Double tags: the tc acceptor runs after the outer tag is stripped
+	 * and would see the inner one still in the frame. */
+	if (p->vlans > 1)
+		return SYN_CONTINUE;
+	/* Only a listener's SYNs: a time-wait socket must see a reused tuple
+	 * (or the third ACK reaches it and dies), an established one answers
+	 * with a challenge ACK, and no socket here means the destination is
+	 * elsewhere (another namespace, behind NAT, routed through) or absent,
+	 * all the kernel's business. */
+	if (syn_sock_state(ctx, p) != BPF_TCP_LISTEN)
+		return SYN_CONTINUE;
+
 	slot = ks->generation & 1;
 	k = bpf_map_lookup_elem(&syn_keys, &slot);
 	if (!k)
@@ -350,11 +529,11 @@ static __always_inline int syn_answer(struct xdp_md *ctx, const struct packet *p
 	meta = wscale | syn_mss_index(o->mss) << SYN_COOKIE_MSS_SHIFT;
 	if (o->sack_ok)
 		meta |= SYN_COOKIE_SACK;
-	ecn = cfg->ecn && (p->tcp_flags & (TCPF_ECE | TCPF_CWR)) == (TCPF_ECE | TCPF_CWR);
 	if (ecn)
 		meta |= SYN_COOKIE_ECN;
 	if (slot)
 		meta |= SYN_COOKIE_KEY;
+	h = syn_hash(k, p, client_isn, meta | (o->has_ts ? SYN_COOKIE_MSG_TS : 0));
 
 	our_mss = p->family == 4 ? (cfg->mss_v4 ? cfg->mss_v4 : SYN_DEFAULT_MSS_V4)
 				 : (cfg->mss_v6 ? cfg->mss_v6 : SYN_DEFAULT_MSS_V6);
@@ -364,16 +543,16 @@ static __always_inline int syn_answer(struct xdp_md *ctx, const struct packet *p
 
 	s.th.source = bpf_htons(p->dport);
 	s.th.dest = bpf_htons(p->sport);
-	s.th.seq = bpf_htonl(syn_cookie_hash(k, p, client_isn, meta) | meta);
+	s.th.seq = bpf_htonl(syn_cookie_of(h, meta));
 	s.th.ack_seq = bpf_htonl(bpf_ntohl(client_isn) + 1);
 	s.th.doff = SYNACK_TCP_LEN / 4;
 	s.th.syn = 1;
 	s.th.ack = 1;
 	s.th.ece = ecn;
 	s.th.window = bpf_htons(SYNACK_WINDOW);
-	/* TSval: a millisecond clock, like the kernel's; the kernel offsets its
-	 * own clock to continue from it (bpf_tcp_req_attrs.rcv_tsecr). */
-	synack_options(&s, o, our_mss, our_wscale, (__u32)(bpf_ktime_get_ns() / 1000000));
+	/* The kernel continues moat's TSval clock (bpf_tcp_req_attrs.rcv_tsecr),
+	 * offset included. */
+	synack_options(&s, o, our_mss, our_wscale, syn_tsval(h, now));
 
 	if (p->family == 4) {
 		struct pseudo_v4 ph = {
@@ -401,6 +580,8 @@ static __always_inline int syn_answer(struct xdp_md *ctx, const struct packet *p
 	 * SYN-ACK: everything else is rebuilt from what was read above. A
 	 * short SYN grows at the head, where XDP always has room; tailroom is
 	 * not guaranteed (veth has none). */
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
 	eth = data;
 	if ((void *)(eth + 1) > data_end || (void *)eth + SYN_MAX_L3_OFF > data_end)
 		return SYN_CONTINUE;
@@ -458,59 +639,64 @@ static __always_inline int syn_answer(struct xdp_md *ctx, const struct packet *p
 	__builtin_memcpy(th, &s, SYNACK_TCP_LEN);
 	st->cookies_issued++;
 	return XDP_TX;
+
+refuse:
+	st->syns_dropped++;
+	return XDP_DROP;
 }
 
-/* The socket tuple of a packet, in the packet's direction. */
-static __always_inline __u32 syn_tuple(const struct packet *p, struct bpf_sock_tuple *t)
+/* An ACK to a port in cookie mode. It is dropped only when the tuple's
+ * socket is the listener (no established, request or time-wait socket owns
+ * it) and it carries neither a valid moat cookie nor a valid kernel one.
+ * With no socket at all the destination is not a local listener of this
+ * namespace (a container behind this device, NAT, a routed flow): passed.
+ * A global function, so the verifier checks it once. */
+__attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p)
 {
-	if (p->family == 4) {
-		__builtin_memcpy(&t->ipv4.saddr, p->saddr, 4);
-		__builtin_memcpy(&t->ipv4.daddr, p->daddr, 4);
-		t->ipv4.sport = bpf_htons(p->sport);
-		t->ipv4.dport = bpf_htons(p->dport);
-		return sizeof(t->ipv4);
-	}
-	__builtin_memcpy(t->ipv6.saddr, p->saddr, 16);
-	__builtin_memcpy(t->ipv6.daddr, p->daddr, 16);
-	t->ipv6.sport = bpf_htons(p->sport);
-	t->ipv6.dport = bpf_htons(p->dport);
-	return sizeof(t->ipv6);
-}
-
-/* An ACK to a port in cookie mode: it passes if a socket other than the
- * listener owns it, or it carries a valid moat or kernel cookie. */
-static __always_inline int syn_check_ack(struct xdp_md *ctx, const struct packet *p,
-					 struct syn_port_stats *st)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct bpf_sock_tuple t = {};
-	__u32 l3 = p->l3_off, l4 = p->l4_off, size;
-	struct bpf_sock *sk;
+	struct tcp_opt_walk w = {};
+	struct syn_port_stats *st;
+	struct syn_config *cfg;
+	void *data, *data_end;
 	struct tcphdr *th;
+	__u32 key, l3, l4, optlen;
 	long kernel_cookie = -1;
 
-	size = syn_tuple(p, &t);
-	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
-	if (sk) {
-		__u32 state = sk->state;
+	if (!ctx || !p)
+		return SYN_CONTINUE;
+	if (syn_sock_state(ctx, p) != BPF_TCP_LISTEN)
+		return SYN_CONTINUE;
+	key = p->dport;
+	st = bpf_map_lookup_elem(&syn_stats, &key);
+	cfg = syn_get_config();
+	if (!st || !cfg)
+		return SYN_CONTINUE;
 
-		bpf_sk_release(sk);
-		if (state != BPF_TCP_LISTEN)
-			return SYN_CONTINUE; /* established, request or time-wait */
-	}
-
-	if (l3 > SYN_MAX_L3_OFF || l4 > SYN_MAX_L3_OFF + sizeof(struct ipv6hdr))
-		return SYN_CONTINUE; /* IP options or extension headers: not ours */
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	l3 = p->l3_off;
+	l4 = p->l4_off;
+	if (l3 > SYN_MAX_L3_OFF || l4 > SYN_L4_MASK)
+		goto drop; /* a kilobyte of extension headers before a stray ACK */
+	l4 &= SYN_L4_MASK;
 	th = data + l4;
 	if ((void *)(th + 1) > data_end)
-		return SYN_CONTINUE;
-	if (syn_cookie_check(p, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1) >= 0)
+		return SYN_CONTINUE; /* the parser saw it whole: cannot happen */
+	optlen = th->doff * 4;
+	if (optlen > sizeof(*th) && optlen - sizeof(*th) <= TCP_MAX_OPTLEN) {
+		optlen -= sizeof(*th);
+		if (bpf_xdp_load_bytes(ctx, l4 + sizeof(*th), w.buf, opt_copy_len(optlen)) == 0) {
+			w.len = optlen;
+			parse_tcp_options(&w);
+		}
+	}
+	if (syn_cookie_check(p, cfg, bpf_ktime_get_ns(), bpf_ntohl(th->ack_seq) - 1,
+			     bpf_ntohl(th->seq) - 1, &w.opts) >= 0)
 		return SYN_CONTINUE; /* tc accepts it */
-	st->cookies_rejected++;
 
 	/* The kernel may have issued this ACK's cookie itself: before a flood
-	 * was detected in auto mode, or when moat left a SYN to it. */
+	 * was detected in auto mode, or when moat left a SYN to it. Its
+	 * helpers read the base IP header and the TCP header wherever they
+	 * are. */
 	if (p->family == 4) {
 		struct iphdr *iph = data + l3;
 
@@ -524,6 +710,8 @@ static __always_inline int syn_check_ack(struct xdp_md *ctx, const struct packet
 	}
 	if (kernel_cookie == 0)
 		return SYN_CONTINUE;
+drop:
+	st->cookies_rejected++;
 	st->acks_dropped++;
 	return XDP_DROP;
 }
@@ -560,18 +748,14 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 			return SYN_CONTINUE;
 		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg))
 			return SYN_CONTINUE;
-		return syn_answer(ctx, p, st, cfg);
+		return syn_answer(ctx, p);
 	}
 
 	/* ACK filtering costs a socket lookup per packet, so it runs only
 	 * while cookies are being issued. */
 	if ((flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) == TCPF_ACK &&
-	    (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding))) {
-		st = bpf_map_lookup_elem(&syn_stats, &key);
-		if (!st)
-			return SYN_CONTINUE;
-		return syn_check_ack(ctx, p, st);
-	}
+	    (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding)))
+		return syn_check_ack(ctx, p);
 	return SYN_CONTINUE;
 }
 
@@ -614,15 +798,23 @@ static __always_inline int syn_parse_skb(struct __sk_buff *skb, struct packet *p
 
 /* The tc ingress side: a valid moat cookie ACK for a listener becomes a
  * request socket carrying the options the cookie encodes. Never drops:
- * whatever is not a moat handshake goes on to the stack unchanged. */
+ * whatever is not a moat handshake goes on unchanged to the next tcx
+ * program (SYN_TC_NEXT). */
 __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *pkt);
 
 static __always_inline int syn_accept(struct __sk_buff *skb)
 {
 	struct packet p = {};
+	__u32 len = skb->len;
 
+	/* Some drivers leave headers outside the linear area, where the
+	 * parser cannot see them. The third ACK of a handshake is small (no
+	 * data), so only small packets are pulled, and only when needed:
+	 * bulk traffic never pays for a copy. */
+	if (len <= SYN_PULL_LEN && (__u32)((long)skb->data_end - (long)skb->data) < len)
+		bpf_skb_pull_data(skb, len);
 	if (syn_parse_skb(skb, &p) != PARSE_OK)
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 	return syn_accept_packet(skb, &p);
 }
 
@@ -640,51 +832,57 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	struct bpf_sock *sk;
 	struct tcphdr *th;
 	__u32 key, size, l4, optlen;
-	int meta, wscale, err;
+	int meta, wscale, err, ret = SYN_TC_NEXT;
+	__u64 now;
 
 	if (!skb || !pkt)
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 	p = *pkt;
 	if (p.l4proto != IPPROTO_TCP || !p.has_l4)
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 	if ((p.tcp_flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) != TCPF_ACK)
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 	key = p.dport;
 	port = bpf_map_lookup_elem(&syn_ports, &key);
 	if (!port || (port->mode != SYN_MODE_ALWAYS && port->mode != SYN_MODE_AUTO))
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 	cfg = syn_get_config();
 	if (!cfg)
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 	/* In auto mode cookies exist only during and shortly after a flood;
 	 * outside that the ACK path costs nothing. */
+	now = bpf_ktime_get_ns();
 	if (port->mode == SYN_MODE_AUTO && !port->flooding &&
-	    bpf_ktime_get_ns() - port->last_flood_ns >
+	    now - port->last_flood_ns >
 		    (cfg->cookie_lifetime_ns ? cfg->cookie_lifetime_ns : SYN_DEFAULT_LIFETIME_NS))
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 
 	size = syn_tuple(&p, &t);
 	sk = bpf_skc_lookup_tcp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
-		return TC_ACT_OK;
+		return SYN_TC_NEXT;
 	if (sk->state != BPF_TCP_LISTEN)
 		goto release;
 
 	l4 = p.l4_off;
-	if (l4 > SYN_MAX_L3_OFF + sizeof(struct ipv6hdr))
+	if (l4 > SYN_L4_MASK)
 		goto release;
+	l4 &= SYN_L4_MASK;
 	th = (void *)(long)skb->data + l4;
 	if ((void *)(th + 1) > (void *)(long)skb->data_end)
 		goto release;
-	meta = syn_cookie_check(&p, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1);
+	optlen = th->doff * 4;
+	if (optlen > sizeof(*th) && optlen - sizeof(*th) <= TCP_MAX_OPTLEN) {
+		optlen -= sizeof(*th);
+		if (bpf_skb_load_bytes(skb, l4 + sizeof(*th), w.buf, opt_copy_len(optlen)) == 0) {
+			w.len = optlen;
+			parse_tcp_options(&w);
+		}
+	}
+	/* th stays valid: bpf_skb_load_bytes does not move packet data. */
+	meta = syn_cookie_check(&p, cfg, now, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1, &w.opts);
 	if (meta < 0)
 		goto release;
-	optlen = th->doff * 4 - sizeof(*th);
-	if (optlen >= 1 && optlen <= TCP_MAX_OPTLEN &&
-	    bpf_skb_load_bytes(skb, l4 + sizeof(*th), w.buf, opt_copy_len(optlen)) == 0) {
-		w.len = optlen;
-		parse_tcp_options(&w);
-	}
 
 	attrs.mss = syn_mss_value(meta >> SYN_COOKIE_MSS_SHIFT, p.family);
 	wscale = meta & SYN_COOKIE_WSCALE_MASK;
@@ -697,8 +895,8 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	}
 	attrs.sack_ok = !!(meta & SYN_COOKIE_SACK);
 	attrs.ecn_ok = !!(meta & SYN_COOKIE_ECN);
-	/* moat answers timestamps only when the SYN had them, so an ACK with
-	 * them proves they were agreed; TSecr is moat's TSval. */
+	/* A cookie checked with timestamps was made for a SYN with them (the
+	 * hash says so), so they were agreed; TSecr is moat's TSval. */
 	if (w.opts.has_ts) {
 		attrs.tstamp_ok = 1;
 		attrs.rcv_tsval = w.opts.tsval;
@@ -718,9 +916,13 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 		else
 			st->cookies_accepted++;
 	}
+	/* moat's handshake: the request socket is assigned, the stack takes
+	 * it from here. */
+	if (!err)
+		ret = TC_ACT_OK;
 release:
 	bpf_sk_release(sk);
-	return TC_ACT_OK;
+	return ret;
 }
 
 /* Types the control plane needs but no map declares, so that they reach

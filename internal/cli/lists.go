@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/moat-shield/moat/internal/daemon"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
 )
@@ -37,6 +38,17 @@ func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 			for i, p := range prefixes {
 				entries[i] = shield.Entry{Prefix: p, Expires: expires, Comment: comment}
 			}
+			if c, err := g.daemon(); err != nil {
+				return err
+			} else if c != nil {
+				c.via(cmd.ErrOrStderr())
+				req := daemon.PrefixRequest{List: listName(l), Prefixes: a, TTL: ttl, Comment: comment}
+				if err := c.call("POST", "/v1/prefixes/add", req, nil); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "added %d to the %s\n", len(entries), l)
+				return nil
+			}
 			s, err := g.open()
 			if err != nil {
 				return err
@@ -65,6 +77,17 @@ func removeCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 			if err != nil {
 				return &usageError{err}
 			}
+			if c, err := g.daemon(); err != nil {
+				return err
+			} else if c != nil {
+				c.via(cmd.ErrOrStderr())
+				req := daemon.PrefixRequest{List: listName(l), Prefixes: a}
+				if err := c.call("POST", "/v1/prefixes/remove", req, nil); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %d from the %s\n", len(prefixes), l)
+				return nil
+			}
 			s, err := g.open()
 			if err != nil {
 				return err
@@ -77,6 +100,14 @@ func removeCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// listName is a list's name in the daemon's API.
+func listName(l shield.List) string {
+	if l == shield.AllowList {
+		return "allow"
+	}
+	return "deny"
 }
 
 func newBlockCmd(g *globals) *cobra.Command {
@@ -121,6 +152,18 @@ func newPortCmd(g *globals) *cobra.Command {
 					}
 				}
 				specs = append(specs, spec)
+			}
+			if c, err := g.daemon(); err != nil {
+				return err
+			} else if c != nil {
+				c.via(cmd.ErrOrStderr())
+				if err := c.call("POST", "/v1/ports", daemon.PortRequest{Action: verb, Rules: a[1:]}, nil); err != nil {
+					return err
+				}
+				for _, spec := range specs {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", map[bool]string{true: "removed", false: verb}[verb == "remove"], spec)
+				}
+				return nil
 			}
 			s, err := g.open()
 			if err != nil {

@@ -88,11 +88,15 @@ func newStatsCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	var watch time.Duration
 	var ifaceFilter []string
+	var detail bool // attack shape and limits (stats_detail.go)
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Show packets and bytes per verdict and reason, per interface",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if detail {
+				return printDetail(g, cmd.OutOrStdout(), asJSON)
+			}
 			if watch < 0 || (cmd.Flags().Changed("watch") && watch < 10*time.Millisecond) {
 				return usagef("invalid --watch %s: want an interval of at least 10ms", watch)
 			}
@@ -164,6 +168,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one object per line when watching)")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "print again every INTERVAL with rates (pps, Mbit/s)")
 	cmd.Flags().StringSliceVarP(&ifaceFilter, "iface", "i", nil, "only these interfaces")
+	cmd.Flags().BoolVar(&detail, "detail", false, "show the attack shape (sizes, TCP flags and options, ports) and the rate limits instead")
 	return cmd
 }
 

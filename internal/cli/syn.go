@@ -77,7 +77,20 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			"detected (--threshold SYNs per second); never: counted, left to the kernel; off: not protected. " +
 			"Under cookies a server-speaks-first protocol (SSH, SMTP) loses the connection if the client's " +
 			"third ACK is lost: prefer auto or never for such ports. Listeners on protected ports must not " +
-			"use MPTCP (Go enables it by default on listeners): the kernel refuses cookie handshakes for them.",
+			"use MPTCP (Go enables it by default on listeners): the kernel refuses cookie handshakes for them " +
+			"(they show as accept errors in `moat syn status`).\n\n" +
+			"moat answers SYNs only for listeners in the network namespace of the device it is attached to; " +
+			"SYNs for containers in other namespaces, DNAT or routed traffic go to the kernel. In cookie mode " +
+			"SYNs moat will not answer (with data, FIN or RST, IP options or IPv6 extension headers, " +
+			"fragmented, to or from non-unicast addresses) are dropped; double-tagged (QinQ) SYNs go to the kernel.\n\n" +
+			"Keys must rotate: the daemon rotates them every minute, or run `moat syn rotate --every 1m`. " +
+			"When the last rotation is older than 2.5 periods moat issues no more cookies and SYNs go to the " +
+			"kernel (`moat syn status` shows the key age).\n\n" +
+			"Not handled: with rx-vlan-offload a NIC strips VLAN tags before XDP, so SYN-ACKs would leave " +
+			"untagged (turn it off with `ethtool -K DEV rxvlan off` or use never/auto-off on such devices); moat " +
+			"announces a fixed MSS (1460 IPv4, 1440 IPv6) whatever the device MTU; SYN-ACKs go back the way the " +
+			"SYN came whatever rp_filter or the routing table say, so spoofed SYNs draw SYN-ACKs to their forged " +
+			"sources as with kernel cookies.",
 		Args: args(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			m, err := syncookie.ParseMode(mode)
@@ -125,9 +138,17 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "tcp/%d: %s\n", p, m)
+				if m == syncookie.ModeAlways || m == syncookie.ModeAuto {
+					if ok, err := syncookie.Listening(p); err == nil && !ok {
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: nothing listens on tcp/%d in this network namespace: "+
+							"moat leaves SYNs for it to the kernel (listeners in other namespaces, DNAT and "+
+							"routed traffic are not protected)\n", p)
+					}
+				}
 			}
 			if gen == 0 && m != syncookie.ModeOff && m != syncookie.ModeNever {
-				fmt.Fprintln(cmd.ErrOrStderr(), "note: keys rotate only while `moat syn rotate --every 1m` runs")
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: keys must rotate (the daemon does it, or `moat syn rotate --every 1m`); "+
+					"moat stops issuing cookies once the last rotation is %s old\n", syncookie.StaleAfter(syncookie.DefaultRotation))
 			}
 			return nil
 		},
@@ -157,21 +178,31 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// Rotations are shown as a count; the keys never leave the kernel
-			// (the keys map is write-only from user space).
-			gen, err := syncookie.Generation(sm.rotation)
+			// Rotations are shown as a count and an age; the keys never
+			// leave the kernel (the keys map is write-only from user space).
+			keys, err := syncookie.Keys(sm.rotation, sm.settings)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), struct {
-					KeyRotations uint64                 `json:"key_rotations"`
-					Ports        []syncookie.PortStatus `json:"ports"`
-				}{gen, ports})
+					syncookie.KeyStatus
+					RotationPeriodSeconds float64                `json:"rotation_period_seconds"`
+					Ports                 []syncookie.PortStatus `json:"ports"`
+				}{keys, keys.Period.Seconds(), ports})
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "key rotations: %d\n", gen)
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED")
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "key rotations: %d", keys.Rotations)
+			if keys.Rotations > 0 {
+				fmt.Fprintf(out, ", last %s ago (every %s expected)", keys.Age.Round(time.Second), keys.Period)
+			}
+			fmt.Fprintln(out)
+			if keys.Stale {
+				fmt.Fprintf(out, "STALE KEYS: no rotation for over %s; moat issues no cookies and SYNs go to the kernel. "+
+					"Is the daemon (or `moat syn rotate --every`) running?\n", syncookie.StaleAfter(keys.Period))
+			}
+			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tACCEPT ERRORS")
 			for _, p := range ports {
 				flood, since := "no", "-"
 				if p.Flooding {
@@ -180,10 +211,19 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 				if !p.LastChange.IsZero() {
 					since = p.LastChange.Local().Format(time.DateTime)
 				}
-				fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
-					p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped)
+				fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
+					p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped, p.SYNsDropped, p.AcceptErrors)
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			for _, p := range ports {
+				if p.AcceptErrors > 0 {
+					fmt.Fprintf(out, "tcp/%d: %d valid cookies the kernel refused: is the listener MPTCP, "+
+						"or net.ipv4.tcp_syncookies 0?\n", p.Port, p.AcceptErrors)
+				}
+			}
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -208,6 +248,13 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 			sm, err := openSynMaps(s)
 			if err != nil {
 				return err
+			}
+			// The data path takes keys older than 2.5 periods for a dead
+			// rotator; tell it the period this loop keeps.
+			if every != 0 {
+				if err := syncookie.SetRotationPeriod(sm.settings, every); err != nil {
+					return err
+				}
 			}
 			rotate := func() error {
 				gen, err := syncookie.Rotate(sm.keys, sm.rotation)

@@ -13,6 +13,67 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type MoatAttackShape struct {
+	_            structs.HostLayout
+	Sizes        [8]uint64
+	Protocols    [4]uint64
+	TcpFlags     [256]uint64
+	SynOptions   [16]uint64
+	TcpOptions   uint64
+	TcpNoOptions uint64
+	Fragments    uint64
+}
+
+type MoatCaptureConfig struct {
+	_        structs.HostLayout
+	Enabled  uint32
+	Session  uint32
+	LeaseNs  uint64
+	Ifindex  uint32
+	Snaplen  uint32
+	Sample   uint32
+	Verdicts uint8
+	Flags    uint8
+	Family   uint8
+	Proto    uint8
+	Port     uint16
+	Pad      uint16
+	Addr     [4]uint32
+	Mask     [4]uint32
+	Pad2     uint32
+}
+
+type MoatCaptureFilter uint32
+
+const (
+	MoatCaptureFilterCAPTURE_F_ADDR  MoatCaptureFilter = 1
+	MoatCaptureFilterCAPTURE_F_PROTO MoatCaptureFilter = 2
+	MoatCaptureFilterCAPTURE_F_PORT  MoatCaptureFilter = 4
+)
+
+type MoatCaptureRecord struct {
+	_             structs.HostLayout
+	TsNs          uint64
+	Session       uint32
+	Ifindex       uint32
+	PktLen        uint32
+	CapLen        uint32
+	Action        uint8
+	Reason        uint8
+	RuleFamily    uint8
+	RulePrefixlen uint8
+	PortRule      uint16
+	Pad           uint16
+	RuleAddr      [16]uint8
+}
+
+type MoatCaptureVerdict uint32
+
+const (
+	MoatCaptureVerdictCAPTURE_VERDICT_PASS MoatCaptureVerdict = 1
+	MoatCaptureVerdictCAPTURE_VERDICT_DROP MoatCaptureVerdict = 2
+)
+
 type MoatComment struct {
 	_    structs.HostLayout
 	Text [64]int8
@@ -33,6 +94,14 @@ const (
 	MoatFragmentPolicyFRAGMENTS_PASS MoatFragmentPolicy = 0
 	MoatFragmentPolicyFRAGMENTS_DROP MoatFragmentPolicy = 1
 )
+
+type MoatHhCounts struct {
+	_       structs.HostLayout
+	Packets uint64
+	Bytes   uint64
+	Dropped uint64
+	LastNs  uint64
+}
 
 type MoatHostV4 struct {
 	_    structs.HostLayout
@@ -97,6 +166,103 @@ type MoatPrefixRule struct {
 	Flags     uint32
 }
 
+type MoatRlBucket struct {
+	_        structs.HostLayout
+	TatPkts  uint64
+	TatBytes uint64
+}
+
+type MoatRlConfig struct {
+	_        structs.HostLayout
+	ShapeOff uint32
+	HhOff    uint32
+	HhSample uint32
+	Gate     uint32
+}
+
+type MoatRlGate uint32
+
+const (
+	MoatRlGateRL_GATE_SKETCH MoatRlGate = 0
+	MoatRlGateRL_GATE_SAMPLE MoatRlGate = 1
+	MoatRlGateRL_GATE_NONE   MoatRlGate = 2
+)
+
+type MoatRlKind uint32
+
+const (
+	MoatRlKindRL_KIND_NONE   MoatRlKind = 0
+	MoatRlKindRL_KIND_SOURCE MoatRlKind = 1
+	MoatRlKindRL_KIND_BUDGET MoatRlKind = 2
+)
+
+type MoatRlResult uint32
+
+const (
+	MoatRlResultRL_PASS        MoatRlResult = 0
+	MoatRlResultRL_DROP_SOURCE MoatRlResult = 1
+	MoatRlResultRL_DROP_BUDGET MoatRlResult = 2
+)
+
+type MoatRlRule struct {
+	_             structs.HostLayout
+	PktInterval   uint64
+	PktTolerance  uint64
+	ByteInterval  uint64
+	ByteTolerance uint64
+	BlockNs       uint64
+	TrackPkts     uint32
+	Kind          uint8
+	Flags         uint8
+	V6Prefix      uint8
+	Class         uint8
+	PortFrom      uint16
+	PortTo        uint16
+	AllPorts      uint8
+	Pad           [3]uint8
+	Reason        MoatComment
+}
+
+type MoatRlRuleFlags uint32
+
+const (
+	MoatRlRuleFlagsRL_F_SYN_ONLY MoatRlRuleFlags = 1
+)
+
+type MoatRlRuleStats struct {
+	_            structs.HostLayout
+	Passed       uint64
+	PassedBytes  uint64
+	Dropped      uint64
+	DroppedBytes uint64
+	Untracked    uint64
+	Tracked      uint64
+	Blocks       uint64
+	BlockErrors  uint64
+}
+
+type MoatRlSlot struct {
+	_      structs.HostLayout
+	Source uint16
+	Budget uint16
+}
+
+type MoatRlSrcKey struct {
+	_         structs.HostLayout
+	Addr      [16]uint8
+	Rule      uint16
+	Family    uint8
+	Prefixlen uint8
+}
+
+type MoatRlSrcState struct {
+	_         structs.HostLayout
+	Bucket    MoatRlBucket
+	Passed    uint64
+	Dropped   uint64
+	CreatedNs uint64
+}
+
 type MoatRuleAction uint32
 
 const (
@@ -111,6 +277,11 @@ type MoatRuntimeSettings struct {
 	Malformed uint32
 }
 
+type MoatShapePortBlock struct {
+	_       structs.HostLayout
+	Packets [256]uint64
+}
+
 type MoatSynConfig struct {
 	_                structs.HostLayout
 	HoldNs           uint64
@@ -120,6 +291,7 @@ type MoatSynConfig struct {
 	RcvWscale        uint8
 	Ecn              uint8
 	Pad              [2]uint8
+	RotationPeriodNs uint64
 }
 
 type MoatSynCookieBits uint32
@@ -134,6 +306,10 @@ const (
 	MoatSynCookieBitsSYN_COOKIE_KEY         MoatSynCookieBits = 512
 	MoatSynCookieBitsSYN_COOKIE_META_MASK   MoatSynCookieBits = 1023
 	MoatSynCookieBitsSYN_COOKIE_MSS_ENTRIES MoatSynCookieBits = 8
+	MoatSynCookieBitsSYN_COOKIE_MSG_TS      MoatSynCookieBits = 65536
+	MoatSynCookieBitsSYN_TS_HASH_MASK       MoatSynCookieBits = 255
+	MoatSynCookieBitsSYN_TS_HASH_SHIFT      MoatSynCookieBits = 32
+	MoatSynCookieBitsSYN_TS_OFFSET_SHIFT    MoatSynCookieBits = 40
 )
 
 type MoatSynCookieMsg struct {
@@ -176,6 +352,7 @@ type MoatSynPort struct {
 	WindowThreshold uint32
 	LastFloodNs     uint64
 	LastChangeNs    uint64
+	FloodUntilNs    uint64
 }
 
 type MoatSynPortStats struct {
@@ -186,6 +363,8 @@ type MoatSynPortStats struct {
 	CookiesRejected uint64
 	AcksDropped     uint64
 	AcceptErrors    uint64
+	SynsDropped     uint64
+	StaleKeySyns    uint64
 	WinStartNs      uint64
 	WinSyns         uint64
 }
@@ -207,36 +386,55 @@ const (
 	MoatVerdictReasonREASON_PORT_ALLOW MoatVerdictReason = 5
 	MoatVerdictReasonREASON_FRAGMENT   MoatVerdictReason = 6
 	MoatVerdictReasonREASON_MALFORMED  MoatVerdictReason = 7
-	MoatVerdictReasonREASON_MAX        MoatVerdictReason = 8
+	MoatVerdictReasonREASON_RATELIMIT  MoatVerdictReason = 8
+	MoatVerdictReasonREASON_BUDGET     MoatVerdictReason = 9
+	MoatVerdictReasonREASON_MAX        MoatVerdictReason = 10
 )
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	MoatMapAllowV4Hosts           = "allow_v4_hosts"
-	MoatMapAllowV4Nets            = "allow_v4_nets"
-	MoatMapAllowV6Hosts           = "allow_v6_hosts"
-	MoatMapAllowV6Nets            = "allow_v6_nets"
-	MoatMapComments               = "comments"
-	MoatMapCounters               = "counters"
-	MoatMapDenyV4Hosts            = "deny_v4_hosts"
-	MoatMapDenyV4Nets             = "deny_v4_nets"
-	MoatMapDenyV6Hosts            = "deny_v6_hosts"
-	MoatMapDenyV6Nets             = "deny_v6_nets"
-	MoatMapPortRuleDefs           = "port_rule_defs"
-	MoatMapPortRuleHits           = "port_rule_hits"
-	MoatMapPortRules              = "port_rules"
-	MoatMapSettings               = "settings"
-	MoatMapSynKeys                = "syn_keys"
-	MoatMapSynPorts               = "syn_ports"
-	MoatMapSynRotation            = "syn_rotation"
-	MoatMapSynSettings            = "syn_settings"
-	MoatMapSynStats               = "syn_stats"
-	MoatProgMoatFilter            = "moat_filter"
-	MoatProgMoatSynAccept         = "moat_syn_accept"
-	MoatVarUnusedExportedTypes    = "unused_exported_types"
-	MoatVarUnusedSynExportedTypes = "unused_syn_exported_types"
+	MoatMapAllowV4Hosts               = "allow_v4_hosts"
+	MoatMapAllowV4Nets                = "allow_v4_nets"
+	MoatMapAllowV6Hosts               = "allow_v6_hosts"
+	MoatMapAllowV6Nets                = "allow_v6_nets"
+	MoatMapCaptureLost                = "capture_lost"
+	MoatMapCaptureRing                = "capture_ring"
+	MoatMapCaptureSeen                = "capture_seen"
+	MoatMapCaptureSettings            = "capture_settings"
+	MoatMapComments                   = "comments"
+	MoatMapCounters                   = "counters"
+	MoatMapDenyV4Hosts                = "deny_v4_hosts"
+	MoatMapDenyV4Nets                 = "deny_v4_nets"
+	MoatMapDenyV6Hosts                = "deny_v6_hosts"
+	MoatMapDenyV6Nets                 = "deny_v6_nets"
+	MoatMapHhSources                  = "hh_sources"
+	MoatMapPortRuleDefs               = "port_rule_defs"
+	MoatMapPortRuleHits               = "port_rule_hits"
+	MoatMapPortRules                  = "port_rules"
+	MoatMapRlBudgets                  = "rl_budgets"
+	MoatMapRlClassScopes              = "rl_class_scopes"
+	MoatMapRlPortScopes               = "rl_port_scopes"
+	MoatMapRlRules                    = "rl_rules"
+	MoatMapRlSettings                 = "rl_settings"
+	MoatMapRlSketch                   = "rl_sketch"
+	MoatMapRlSources                  = "rl_sources"
+	MoatMapRlStats                    = "rl_stats"
+	MoatMapSettings                   = "settings"
+	MoatMapShape                      = "shape"
+	MoatMapShapePorts                 = "shape_ports"
+	MoatMapSynKeys                    = "syn_keys"
+	MoatMapSynPorts                   = "syn_ports"
+	MoatMapSynRotation                = "syn_rotation"
+	MoatMapSynSettings                = "syn_settings"
+	MoatMapSynStats                   = "syn_stats"
+	MoatProgMoatFilter                = "moat_filter"
+	MoatProgMoatSynAccept             = "moat_syn_accept"
+	MoatVarUnusedCaptureExportedTypes = "unused_capture_exported_types"
+	MoatVarUnusedExportedTypes        = "unused_exported_types"
+	MoatVarUnusedRlExportedTypes      = "unused_rl_exported_types"
+	MoatVarUnusedSynExportedTypes     = "unused_syn_exported_types"
 )
 
 // LoadMoat returns the embedded CollectionSpec for Moat.
@@ -289,33 +487,50 @@ type MoatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatMapSpecs struct {
-	AllowV4Hosts *ebpf.MapSpec `ebpf:"allow_v4_hosts"`
-	AllowV4Nets  *ebpf.MapSpec `ebpf:"allow_v4_nets"`
-	AllowV6Hosts *ebpf.MapSpec `ebpf:"allow_v6_hosts"`
-	AllowV6Nets  *ebpf.MapSpec `ebpf:"allow_v6_nets"`
-	Comments     *ebpf.MapSpec `ebpf:"comments"`
-	Counters     *ebpf.MapSpec `ebpf:"counters"`
-	DenyV4Hosts  *ebpf.MapSpec `ebpf:"deny_v4_hosts"`
-	DenyV4Nets   *ebpf.MapSpec `ebpf:"deny_v4_nets"`
-	DenyV6Hosts  *ebpf.MapSpec `ebpf:"deny_v6_hosts"`
-	DenyV6Nets   *ebpf.MapSpec `ebpf:"deny_v6_nets"`
-	PortRuleDefs *ebpf.MapSpec `ebpf:"port_rule_defs"`
-	PortRuleHits *ebpf.MapSpec `ebpf:"port_rule_hits"`
-	PortRules    *ebpf.MapSpec `ebpf:"port_rules"`
-	Settings     *ebpf.MapSpec `ebpf:"settings"`
-	SynKeys      *ebpf.MapSpec `ebpf:"syn_keys"`
-	SynPorts     *ebpf.MapSpec `ebpf:"syn_ports"`
-	SynRotation  *ebpf.MapSpec `ebpf:"syn_rotation"`
-	SynSettings  *ebpf.MapSpec `ebpf:"syn_settings"`
-	SynStats     *ebpf.MapSpec `ebpf:"syn_stats"`
+	AllowV4Hosts    *ebpf.MapSpec `ebpf:"allow_v4_hosts"`
+	AllowV4Nets     *ebpf.MapSpec `ebpf:"allow_v4_nets"`
+	AllowV6Hosts    *ebpf.MapSpec `ebpf:"allow_v6_hosts"`
+	AllowV6Nets     *ebpf.MapSpec `ebpf:"allow_v6_nets"`
+	CaptureLost     *ebpf.MapSpec `ebpf:"capture_lost"`
+	CaptureRing     *ebpf.MapSpec `ebpf:"capture_ring"`
+	CaptureSeen     *ebpf.MapSpec `ebpf:"capture_seen"`
+	CaptureSettings *ebpf.MapSpec `ebpf:"capture_settings"`
+	Comments        *ebpf.MapSpec `ebpf:"comments"`
+	Counters        *ebpf.MapSpec `ebpf:"counters"`
+	DenyV4Hosts     *ebpf.MapSpec `ebpf:"deny_v4_hosts"`
+	DenyV4Nets      *ebpf.MapSpec `ebpf:"deny_v4_nets"`
+	DenyV6Hosts     *ebpf.MapSpec `ebpf:"deny_v6_hosts"`
+	DenyV6Nets      *ebpf.MapSpec `ebpf:"deny_v6_nets"`
+	HhSources       *ebpf.MapSpec `ebpf:"hh_sources"`
+	PortRuleDefs    *ebpf.MapSpec `ebpf:"port_rule_defs"`
+	PortRuleHits    *ebpf.MapSpec `ebpf:"port_rule_hits"`
+	PortRules       *ebpf.MapSpec `ebpf:"port_rules"`
+	RlBudgets       *ebpf.MapSpec `ebpf:"rl_budgets"`
+	RlClassScopes   *ebpf.MapSpec `ebpf:"rl_class_scopes"`
+	RlPortScopes    *ebpf.MapSpec `ebpf:"rl_port_scopes"`
+	RlRules         *ebpf.MapSpec `ebpf:"rl_rules"`
+	RlSettings      *ebpf.MapSpec `ebpf:"rl_settings"`
+	RlSketch        *ebpf.MapSpec `ebpf:"rl_sketch"`
+	RlSources       *ebpf.MapSpec `ebpf:"rl_sources"`
+	RlStats         *ebpf.MapSpec `ebpf:"rl_stats"`
+	Settings        *ebpf.MapSpec `ebpf:"settings"`
+	Shape           *ebpf.MapSpec `ebpf:"shape"`
+	ShapePorts      *ebpf.MapSpec `ebpf:"shape_ports"`
+	SynKeys         *ebpf.MapSpec `ebpf:"syn_keys"`
+	SynPorts        *ebpf.MapSpec `ebpf:"syn_ports"`
+	SynRotation     *ebpf.MapSpec `ebpf:"syn_rotation"`
+	SynSettings     *ebpf.MapSpec `ebpf:"syn_settings"`
+	SynStats        *ebpf.MapSpec `ebpf:"syn_stats"`
 }
 
 // MoatVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatVariableSpecs struct {
-	UnusedExportedTypes    *ebpf.VariableSpec `ebpf:"unused_exported_types"`
-	UnusedSynExportedTypes *ebpf.VariableSpec `ebpf:"unused_syn_exported_types"`
+	UnusedCaptureExportedTypes *ebpf.VariableSpec `ebpf:"unused_capture_exported_types"`
+	UnusedExportedTypes        *ebpf.VariableSpec `ebpf:"unused_exported_types"`
+	UnusedRlExportedTypes      *ebpf.VariableSpec `ebpf:"unused_rl_exported_types"`
+	UnusedSynExportedTypes     *ebpf.VariableSpec `ebpf:"unused_syn_exported_types"`
 }
 
 // MoatObjects contains all objects after they have been loaded into the kernel.
@@ -338,25 +553,40 @@ func (o *MoatObjects) Close() error {
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatMaps struct {
-	AllowV4Hosts *ebpf.Map `ebpf:"allow_v4_hosts"`
-	AllowV4Nets  *ebpf.Map `ebpf:"allow_v4_nets"`
-	AllowV6Hosts *ebpf.Map `ebpf:"allow_v6_hosts"`
-	AllowV6Nets  *ebpf.Map `ebpf:"allow_v6_nets"`
-	Comments     *ebpf.Map `ebpf:"comments"`
-	Counters     *ebpf.Map `ebpf:"counters"`
-	DenyV4Hosts  *ebpf.Map `ebpf:"deny_v4_hosts"`
-	DenyV4Nets   *ebpf.Map `ebpf:"deny_v4_nets"`
-	DenyV6Hosts  *ebpf.Map `ebpf:"deny_v6_hosts"`
-	DenyV6Nets   *ebpf.Map `ebpf:"deny_v6_nets"`
-	PortRuleDefs *ebpf.Map `ebpf:"port_rule_defs"`
-	PortRuleHits *ebpf.Map `ebpf:"port_rule_hits"`
-	PortRules    *ebpf.Map `ebpf:"port_rules"`
-	Settings     *ebpf.Map `ebpf:"settings"`
-	SynKeys      *ebpf.Map `ebpf:"syn_keys"`
-	SynPorts     *ebpf.Map `ebpf:"syn_ports"`
-	SynRotation  *ebpf.Map `ebpf:"syn_rotation"`
-	SynSettings  *ebpf.Map `ebpf:"syn_settings"`
-	SynStats     *ebpf.Map `ebpf:"syn_stats"`
+	AllowV4Hosts    *ebpf.Map `ebpf:"allow_v4_hosts"`
+	AllowV4Nets     *ebpf.Map `ebpf:"allow_v4_nets"`
+	AllowV6Hosts    *ebpf.Map `ebpf:"allow_v6_hosts"`
+	AllowV6Nets     *ebpf.Map `ebpf:"allow_v6_nets"`
+	CaptureLost     *ebpf.Map `ebpf:"capture_lost"`
+	CaptureRing     *ebpf.Map `ebpf:"capture_ring"`
+	CaptureSeen     *ebpf.Map `ebpf:"capture_seen"`
+	CaptureSettings *ebpf.Map `ebpf:"capture_settings"`
+	Comments        *ebpf.Map `ebpf:"comments"`
+	Counters        *ebpf.Map `ebpf:"counters"`
+	DenyV4Hosts     *ebpf.Map `ebpf:"deny_v4_hosts"`
+	DenyV4Nets      *ebpf.Map `ebpf:"deny_v4_nets"`
+	DenyV6Hosts     *ebpf.Map `ebpf:"deny_v6_hosts"`
+	DenyV6Nets      *ebpf.Map `ebpf:"deny_v6_nets"`
+	HhSources       *ebpf.Map `ebpf:"hh_sources"`
+	PortRuleDefs    *ebpf.Map `ebpf:"port_rule_defs"`
+	PortRuleHits    *ebpf.Map `ebpf:"port_rule_hits"`
+	PortRules       *ebpf.Map `ebpf:"port_rules"`
+	RlBudgets       *ebpf.Map `ebpf:"rl_budgets"`
+	RlClassScopes   *ebpf.Map `ebpf:"rl_class_scopes"`
+	RlPortScopes    *ebpf.Map `ebpf:"rl_port_scopes"`
+	RlRules         *ebpf.Map `ebpf:"rl_rules"`
+	RlSettings      *ebpf.Map `ebpf:"rl_settings"`
+	RlSketch        *ebpf.Map `ebpf:"rl_sketch"`
+	RlSources       *ebpf.Map `ebpf:"rl_sources"`
+	RlStats         *ebpf.Map `ebpf:"rl_stats"`
+	Settings        *ebpf.Map `ebpf:"settings"`
+	Shape           *ebpf.Map `ebpf:"shape"`
+	ShapePorts      *ebpf.Map `ebpf:"shape_ports"`
+	SynKeys         *ebpf.Map `ebpf:"syn_keys"`
+	SynPorts        *ebpf.Map `ebpf:"syn_ports"`
+	SynRotation     *ebpf.Map `ebpf:"syn_rotation"`
+	SynSettings     *ebpf.Map `ebpf:"syn_settings"`
+	SynStats        *ebpf.Map `ebpf:"syn_stats"`
 }
 
 func (m *MoatMaps) Close() error {
@@ -365,16 +595,31 @@ func (m *MoatMaps) Close() error {
 		m.AllowV4Nets,
 		m.AllowV6Hosts,
 		m.AllowV6Nets,
+		m.CaptureLost,
+		m.CaptureRing,
+		m.CaptureSeen,
+		m.CaptureSettings,
 		m.Comments,
 		m.Counters,
 		m.DenyV4Hosts,
 		m.DenyV4Nets,
 		m.DenyV6Hosts,
 		m.DenyV6Nets,
+		m.HhSources,
 		m.PortRuleDefs,
 		m.PortRuleHits,
 		m.PortRules,
+		m.RlBudgets,
+		m.RlClassScopes,
+		m.RlPortScopes,
+		m.RlRules,
+		m.RlSettings,
+		m.RlSketch,
+		m.RlSources,
+		m.RlStats,
 		m.Settings,
+		m.Shape,
+		m.ShapePorts,
 		m.SynKeys,
 		m.SynPorts,
 		m.SynRotation,
@@ -387,8 +632,10 @@ func (m *MoatMaps) Close() error {
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatVariables struct {
-	UnusedExportedTypes    *ebpf.Variable `ebpf:"unused_exported_types"`
-	UnusedSynExportedTypes *ebpf.Variable `ebpf:"unused_syn_exported_types"`
+	UnusedCaptureExportedTypes *ebpf.Variable `ebpf:"unused_capture_exported_types"`
+	UnusedExportedTypes        *ebpf.Variable `ebpf:"unused_exported_types"`
+	UnusedRlExportedTypes      *ebpf.Variable `ebpf:"unused_rl_exported_types"`
+	UnusedSynExportedTypes     *ebpf.Variable `ebpf:"unused_syn_exported_types"`
 }
 
 // MoatPrograms contains all programs after they have been loaded into the kernel.

@@ -22,6 +22,8 @@ var ReasonNames = map[Reason]string{
 	datapath.MoatVerdictReasonREASON_PORT_ALLOW: "port_allow",
 	datapath.MoatVerdictReasonREASON_FRAGMENT:   "fragment",
 	datapath.MoatVerdictReasonREASON_MALFORMED:  "malformed",
+	datapath.MoatVerdictReasonREASON_RATELIMIT:  "ratelimit",
+	datapath.MoatVerdictReasonREASON_BUDGET:     "budget",
 }
 
 // Count is a packet and byte count.

@@ -6,9 +6,11 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	mrand "math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -166,33 +168,248 @@ func TestLoadHundredThousand(t *testing.T) {
 	}
 }
 
+// TestBigBatchesRoundTrip writes more entries than one batch holds, in
+// random order, with comments and expiry times, and reads them back: every
+// entry comes back once, sorted, with what was written. Then a removal
+// across batches takes exactly the entries asked for.
+func TestBigBatchesRoundTrip(t *testing.T) {
+	const n = 40_000 // more than two batches of every map kind
+	s := openFresh(t)
+	var es []shield.Entry
+	for _, e := range mixedPrefixes(n) {
+		es = append(es, shield.Entry{Prefix: e.Prefix})
+	}
+	expires := time.Now().Add(time.Hour)
+	for i := range es {
+		if i%97 == 0 {
+			es[i].Comment = "c" + strconv.Itoa(i)
+		}
+		if i%89 == 0 {
+			es[i].Expires = expires
+		}
+	}
+	shuffled := append([]shield.Entry(nil), es...)
+	mrand.New(mrand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	if err := s.Add(shield.DenyList, shuffled, shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+
+	got, err := s.Entries(shield.DenyList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]shield.Entry(nil), es...)
+	slices.SortFunc(want, func(a, b shield.Entry) int { return a.Prefix.Compare(b.Prefix) })
+	if len(got) != len(want) {
+		t.Fatalf("read back %d entries, wrote %d", len(got), len(want))
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Prefix != w.Prefix || g.Comment != w.Comment || g.Expires.IsZero() != w.Expires.IsZero() {
+			t.Fatalf("entry %d: got %s %q expires %v, want %s %q expires %v", i, g.Prefix, g.Comment, g.Expires, w.Prefix, w.Comment, w.Expires)
+		}
+		if d := g.Expires.Sub(w.Expires); !w.Expires.IsZero() && (d < -2*time.Second || d > 2*time.Second) {
+			t.Fatalf("entry %s expires %v, want about %v", g.Prefix, g.Expires, w.Expires)
+		}
+	}
+
+	// Remove every third entry; the rest stay, comments included.
+	var gone []netip.Prefix
+	var kept []string
+	for i, e := range want {
+		if i%3 == 0 {
+			gone = append(gone, e.Prefix)
+		} else {
+			kept = append(kept, e.Prefix.String()+" "+e.Comment)
+		}
+	}
+	if err := s.RemovePrefixes(shield.DenyList, gone); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.Entries(shield.DenyList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range got {
+		left = append(left, e.Prefix.String()+" "+e.Comment)
+	}
+	if !slices.Equal(left, kept) {
+		t.Fatalf("after removing %d entries, %d are left, want %d", len(gone), len(left), len(kept))
+	}
+	if c, err := s.Count(shield.DenyList); err != nil || c != len(kept) {
+		t.Fatalf("count %d (%v), want %d", c, err, len(kept))
+	}
+}
+
+// TestStrictAddOfManyChangesNothing adds a long list in Strict mode where
+// one entry, far down the list and checked by another worker than the
+// first entries, exists already: the add is refused and no map changes.
+func TestStrictAddOfManyChangesNothing(t *testing.T) {
+	const n = 30_000
+	s := openFresh(t)
+	var es []shield.Entry
+	for _, e := range mixedPrefixes(n) {
+		es = append(es, shield.Entry{Prefix: e.Prefix})
+	}
+	for _, i := range []int{n - 1, n * 70 / 100} { // a v6 network, a v4 network
+		old := shield.Entry{Prefix: es[i].Prefix, Comment: "already here"}
+		if err := s.Add(shield.DenyList, []shield.Entry{old}, shield.Strict); err != nil {
+			t.Fatal(err)
+		}
+		es[i].Comment = "new comment"
+		wantUserError(t, s.Add(shield.DenyList, es, shield.Strict), es[i].Prefix.String()+" is already in the denylist")
+		got, err := s.Entries(shield.DenyList)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0].Prefix != old.Prefix || got[0].Comment != old.Comment {
+			t.Fatalf("after a refused add the denylist holds %d entries, first %+v; want only %s", len(got), got[0], old.Prefix)
+		}
+		if err := s.RemovePrefixes(shield.DenyList, []netip.Prefix{old.Prefix}); err != nil {
+			t.Fatal(err)
+		}
+		es[i].Comment = ""
+	}
+	if c := commentCount(t, s); c != 0 {
+		t.Fatalf("%d comments left behind by refused adds", c)
+	}
+}
+
+// cpuTime is the CPU time, user and system, that the process has used so
+// far: on a shared machine it says more than wall time about the work.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// loadTimer measures one operation per benchmark iteration, in wall and
+// in CPU time.
+type loadTimer struct{ wall, cpu time.Duration }
+
+func (lt *loadTimer) time(b *testing.B, f func()) {
+	b.StartTimer()
+	w, c := time.Now(), cpuTime()
+	f()
+	lt.wall += time.Since(w)
+	lt.cpu += cpuTime() - c
+	b.StopTimer()
+}
+
+func (lt *loadTimer) report(b *testing.B, unit string) {
+	b.ReportMetric(lt.wall.Seconds()/float64(b.N), "s/"+unit)
+	b.ReportMetric(lt.cpu.Seconds()/float64(b.N), "cpu-s/"+unit)
+}
+
 // BenchmarkLoadMillion loads a million mixed prefixes into a fresh root
-// per iteration:
+// per iteration, through Apply (the path of `moat import`) and through
+// Add (the shield's own part, without the ruleset's validation):
 //
-//	go test -run '^$' -bench LoadMillion -benchtime 1x ./internal/shield/
+//	go test -run '^$' -bench Million -benchtime 1x ./internal/shield/
 func BenchmarkLoadMillion(b *testing.B) {
 	const n = 1_000_000
 	entries := mixedPrefixes(n)
-	var total time.Duration
-	var mem uint64
-	for i := 0; i < b.N; i++ {
+	b.Run("Apply", func(b *testing.B) {
+		var lt loadTimer
+		var mem uint64
 		b.StopTimer()
-		s := openFresh(b)
-		b.StartTimer()
-		start := time.Now()
-		if _, err := s.Apply(&rules.Ruleset{Deny: entries}, false); err != nil {
-			b.Fatal(err)
+		for i := 0; i < b.N; i++ {
+			s := openFresh(b)
+			lt.time(b, func() {
+				if _, err := s.Apply(&rules.Ruleset{Deny: entries}, false); err != nil {
+					b.Fatal(err)
+				}
+			})
+			if got, err := s.Count(shield.DenyList); err != nil || got != n {
+				b.Fatalf("deny count %d (%v), want %d", got, err, n)
+			}
+			mem = ruleMapsMemlock(b, s)
+			closeNow(b, s)
 		}
-		total += time.Since(start)
-		b.StopTimer()
-		if got, err := s.Count(shield.DenyList); err != nil || got != n {
-			b.Fatalf("deny count %d (%v), want %d", got, err, n)
-		}
-		mem = ruleMapsMemlock(b, s)
-		b.StartTimer()
+		lt.report(b, "load")
+		b.ReportMetric(float64(mem)/(1<<20), "MiB-memlock")
+		b.ReportMetric(float64(mem)/n, "B/prefix")
+	})
+	es := make([]shield.Entry, n)
+	for i, e := range entries {
+		es[i] = shield.Entry{Prefix: e.Prefix}
 	}
-	b.ReportMetric(total.Seconds()/float64(b.N), "s/load")
-	b.ReportMetric(float64(n)*float64(b.N)/total.Seconds(), "prefixes/s")
-	b.ReportMetric(float64(mem)/(1<<20), "MiB-memlock")
-	b.ReportMetric(float64(mem)/n, "B/prefix")
+	// Strict adds first look every entry up, one syscall each.
+	for _, mode := range []struct {
+		name string
+		mode shield.AddMode
+	}{{"Add", shield.Upsert}, {"AddStrict", shield.Strict}} {
+		b.Run(mode.name, func(b *testing.B) {
+			var lt loadTimer
+			b.StopTimer()
+			for i := 0; i < b.N; i++ {
+				s := openFresh(b)
+				lt.time(b, func() {
+					if err := s.Add(shield.DenyList, es, mode.mode); err != nil {
+						b.Fatal(err)
+					}
+				})
+				if got, err := s.Count(shield.DenyList); err != nil || got != n {
+					b.Fatalf("deny count %d (%v), want %d", got, err, n)
+				}
+				closeNow(b, s)
+			}
+			lt.report(b, "load")
+		})
+	}
+}
+
+// BenchmarkReadMillion reads a list of a million prefixes the ways the CLI
+// does: Entries for `moat list`, Count for `moat status`.
+func BenchmarkReadMillion(b *testing.B) {
+	const n = 1_000_000
+	s := openFresh(b)
+	if _, err := s.Apply(&rules.Ruleset{Deny: mixedPrefixes(n)}, false); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Entries", func(b *testing.B) {
+		var lt loadTimer
+		b.StopTimer()
+		for i := 0; i < b.N; i++ {
+			var es []shield.Entry
+			lt.time(b, func() {
+				var err error
+				if es, err = s.Entries(shield.DenyList); err != nil {
+					b.Fatal(err)
+				}
+			})
+			if len(es) != n {
+				b.Fatalf("%d entries, want %d", len(es), n)
+			}
+		}
+		lt.report(b, "op")
+	})
+	b.Run("Count", func(b *testing.B) {
+		var lt loadTimer
+		b.StopTimer()
+		for i := 0; i < b.N; i++ {
+			var got int
+			lt.time(b, func() {
+				var err error
+				if got, err = s.Count(shield.DenyList); err != nil {
+					b.Fatal(err)
+				}
+			})
+			if got != n {
+				b.Fatalf("count %d, want %d", got, n)
+			}
+		}
+		lt.report(b, "op")
+	})
+}
+
+// closeNow frees the maps of a finished iteration at once, so that the
+// kernel's freeing of a million elements does not overlap the next one.
+func closeNow(tb testing.TB, s *shield.Shield) {
+	tb.Helper()
+	if err := s.Remove(); err != nil {
+		tb.Fatal(err)
+	}
+	s.Close()
 }

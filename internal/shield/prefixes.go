@@ -1,10 +1,12 @@
 package shield
 
 import (
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -64,23 +66,26 @@ func bootNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-func toBoot(t time.Time) uint64 {
+// bootDeadline converts an expiry time to the data path's clock, given
+// CLOCK_BOOTTIME now; zero stays zero (never).
+func bootDeadline(t time.Time, now uint64) uint64 {
 	if t.IsZero() {
 		return 0
 	}
 	d := time.Until(t)
-	now := bootNow()
 	if d <= 0 {
 		return now // already expired; never 0, which means "never"
 	}
 	return now + uint64(d)
 }
 
-func fromBoot(ns uint64) time.Time {
+// wallDeadline converts a stored deadline back, given the wall clock and
+// CLOCK_BOOTTIME read at one moment.
+func wallDeadline(ns uint64, now time.Time, bootNs uint64) time.Time {
 	if ns == 0 {
 		return time.Time{}
 	}
-	return time.Now().Add(time.Duration(int64(ns) - int64(bootNow()))).Round(time.Second)
+	return now.Add(time.Duration(int64(ns) - int64(bootNs))).Round(time.Second)
 }
 
 func hostKey(p netip.Prefix) any {
@@ -145,57 +150,150 @@ const (
 
 // Add puts entries in list l. In Strict mode nothing changes if any of the
 // entries exists already. Entries are grouped per map and written with
-// batched updates.
+// batched updates, all maps at once.
 func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
 	for _, e := range entries {
 		if err := rules.ValidateComment(e.Comment); err != nil {
 			return &UserError{fmt.Errorf("%s: %w", e.Prefix, err)}
 		}
-		if mode == Strict {
-			ok, err := s.Has(l, e.Prefix)
-			if err != nil {
-				return err
-			}
-			if ok {
-				return userErrorf("%s is already in the %s", e.Prefix, l)
-			}
+	}
+	if mode == Strict {
+		p, found, err := s.anyListed(l, entries)
+		if err != nil {
+			return err
+		}
+		if found {
+			return userErrorf("%s is already in the %s", p, l)
 		}
 	}
-	b := newBatcher()
-	for _, e := range entries {
-		m, k := s.mapFor(l, e.Prefix)
-		flags := uint32(0)
-		if e.Comment != "" {
-			flags = 1 // RULE_F_COMMENT
-		}
-		b.add(m, k, datapath.MoatPrefixRule{
-			ExpiresNs: toBoot(e.Expires),
-			Prefixlen: uint32(e.Prefix.Bits()),
-			Flags:     flags,
-		})
-	}
+	b := s.newPrefixBatches(l)
 	// Comments first, so that a listing never shows a rule whose comment
 	// is still missing.
-	cb := newBatcher()
+	cb := mapBatch[datapath.MoatCommentKey, datapath.MoatComment]{m: s.maps[datapath.MoatMapComments]}
+	now := bootNow()
 	for _, e := range entries {
+		v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
 		if e.Comment != "" {
+			v.Flags = 1 // RULE_F_COMMENT
 			var c datapath.MoatComment
 			for i := 0; i < len(e.Comment); i++ {
 				c.Text[i] = int8(e.Comment[i])
 			}
-			cb.add(s.maps[datapath.MoatMapComments], commentKey(l, e.Prefix), c)
+			cb.add(commentKey(l, e.Prefix), c)
 		}
+		b.add(e.Prefix, v)
 	}
-	if err := cb.update(); err != nil {
+	if err := runJobs(cb.updateJobs()); err != nil {
 		return fmt.Errorf("store comments: %w", err)
 	}
-	if err := b.update(); err != nil {
+	if err := runJobs(b.updateJobs()); err != nil {
 		return fmt.Errorf("update %s: %w", l, err)
 	}
 	if mode == Upsert {
 		return s.dropStaleComments(l, entries)
 	}
 	return nil
+}
+
+// prefixBatches queues one list's changes per map: hosts in the hash maps,
+// the rest in the tries.
+type prefixBatches struct {
+	hosts4 mapBatch[datapath.MoatHostV4, datapath.MoatPrefixRule]
+	hosts6 mapBatch[datapath.MoatHostV6, datapath.MoatPrefixRule]
+	nets4  mapBatch[datapath.MoatNetV4, datapath.MoatPrefixRule]
+	nets6  mapBatch[datapath.MoatNetV6, datapath.MoatPrefixRule]
+}
+
+func (s *Shield) newPrefixBatches(l List) *prefixBatches {
+	b := &prefixBatches{}
+	b.hosts4.m, b.nets4.m = s.listMaps(l, false)
+	b.hosts6.m, b.nets6.m = s.listMaps(l, true)
+	return b
+}
+
+func (b *prefixBatches) add(p netip.Prefix, v datapath.MoatPrefixRule) {
+	a := p.Addr()
+	switch {
+	case a.Is4() && rules.IsHost(p):
+		b.hosts4.add(datapath.MoatHostV4{Addr: a.As4()}, v)
+	case a.Is4():
+		b.nets4.add(datapath.MoatNetV4{Prefixlen: uint32(p.Bits()), Addr: a.As4()}, v)
+	case rules.IsHost(p):
+		b.hosts6.add(datapath.MoatHostV6{Addr: a.As16()}, v)
+	default:
+		b.nets6.add(datapath.MoatNetV6{Prefixlen: uint32(p.Bits()), Addr: a.As16()}, v)
+	}
+}
+
+func (b *prefixBatches) addKey(p netip.Prefix) {
+	a := p.Addr()
+	switch {
+	case a.Is4() && rules.IsHost(p):
+		b.hosts4.addKey(datapath.MoatHostV4{Addr: a.As4()})
+	case a.Is4():
+		b.nets4.addKey(datapath.MoatNetV4{Prefixlen: uint32(p.Bits()), Addr: a.As4()})
+	case rules.IsHost(p):
+		b.hosts6.addKey(datapath.MoatHostV6{Addr: a.As16()})
+	default:
+		b.nets6.addKey(datapath.MoatNetV6{Prefixlen: uint32(p.Bits()), Addr: a.As16()})
+	}
+}
+
+func cmpNet4(a, b datapath.MoatNetV4) int {
+	if c := bytes.Compare(a.Addr[:], b.Addr[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Prefixlen, b.Prefixlen)
+}
+
+func cmpNet6(a, b datapath.MoatNetV6) int {
+	if c := bytes.Compare(a.Addr[:], b.Addr[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Prefixlen, b.Prefixlen)
+}
+
+// updateJobs returns the work of writing every queued entry. Trie entries
+// go in address order, which the trie inserts fastest (see batch.go).
+func (b *prefixBatches) updateJobs() []job {
+	b.nets4.sortBy(cmpNet4)
+	b.nets6.sortBy(cmpNet6)
+	return slices.Concat(b.hosts4.updateJobs(), b.hosts6.updateJobs(), b.nets4.updateJobs(), b.nets6.updateJobs())
+}
+
+func (b *prefixBatches) deleteJobs() []job {
+	return slices.Concat(b.hosts4.deleteJobs(), b.hosts6.deleteJobs(), b.nets4.deleteJobs(), b.nets6.deleteJobs())
+}
+
+// anyListed returns the first of entries that list l holds. Each check is a
+// lookup syscall, so a long list of entries is checked on all CPUs.
+func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, error) {
+	const perJob = 4096
+	found := make([]bool, len(entries))
+	var jobs []job
+	for lo := 0; lo < len(entries); lo += perJob {
+		hi := min(lo+perJob, len(entries))
+		jobs = append(jobs, job{hi - lo, func() error {
+			for i := lo; i < hi; i++ {
+				ok, err := s.Has(l, entries[i].Prefix)
+				if err != nil {
+					return err
+				}
+				if ok {
+					found[i] = true
+					return nil
+				}
+			}
+			return nil
+		}})
+	}
+	if err := runJobs(jobs); err != nil {
+		return netip.Prefix{}, false, err
+	}
+	if i := slices.Index(found, true); i >= 0 {
+		return entries[i].Prefix, true, nil
+	}
+	return netip.Prefix{}, false, nil
 }
 
 // dropStaleComments deletes the old comments of entries rewritten without
@@ -205,13 +303,13 @@ func (s *Shield) dropStaleComments(l List, entries []Entry) error {
 	if err != nil || len(comments) == 0 {
 		return err
 	}
-	b := newBatcher()
+	b := mapBatch[datapath.MoatCommentKey, datapath.MoatComment]{m: s.maps[datapath.MoatMapComments]}
 	for _, e := range entries {
 		if _, ok := comments[e.Prefix]; ok && e.Comment == "" {
-			b.add(s.maps[datapath.MoatMapComments], commentKey(l, e.Prefix), nil)
+			b.addKey(commentKey(l, e.Prefix))
 		}
 	}
-	if err := b.delete(); err != nil {
+	if err := runJobs(b.deleteJobs()); err != nil {
 		return fmt.Errorf("delete comments: %w", err)
 	}
 	return nil
@@ -233,91 +331,122 @@ func (s *Shield) RemovePrefixes(l List, prefixes []netip.Prefix) error {
 }
 
 func (s *Shield) deletePrefixes(l List, prefixes []netip.Prefix) error {
-	b := newBatcher()
-	cb := newBatcher()
+	b := s.newPrefixBatches(l)
+	cb := mapBatch[datapath.MoatCommentKey, datapath.MoatComment]{m: s.maps[datapath.MoatMapComments]}
 	for _, p := range prefixes {
-		m, k := s.mapFor(l, p)
-		b.add(m, k, nil)
-		cb.add(s.maps[datapath.MoatMapComments], commentKey(l, p), nil)
+		b.addKey(p)
+		cb.addKey(commentKey(l, p))
 	}
-	if err := b.delete(); err != nil {
+	if err := runJobs(b.deleteJobs()); err != nil {
 		return fmt.Errorf("update %s: %w", l, err)
 	}
-	cb.delete() // entries without a comment have none to delete
+	runJobs(cb.deleteJobs()) // entries without a comment have none to delete
 	return nil
+}
+
+// listRule is an entry as read from its map, before it is decorated.
+type listRule struct {
+	prefix netip.Prefix
+	rule   datapath.MoatPrefixRule
+}
+
+// readList reads every entry of list l, sorted by family, address and
+// length. Each map is read and sorted in its own job, so that the sorting,
+// which costs as much as the reading, runs on every CPU; the sorted parts
+// are merged after.
+func (s *Shield) readList(l List) ([]listRule, error) {
+	hosts4, nets4 := s.listMaps(l, false)
+	hosts6, nets6 := s.listMaps(l, true)
+	var parts [4][]listRule
+	jobs := []job{
+		{1, func() error {
+			return readAll(hosts4, func(k *datapath.MoatHostV4, v *datapath.MoatPrefixRule) {
+				parts[0] = append(parts[0], listRule{netip.PrefixFrom(netip.AddrFrom4(k.Addr), 32), *v})
+			})
+		}},
+		{1, func() error {
+			return readAll(nets4, func(k *datapath.MoatNetV4, v *datapath.MoatPrefixRule) {
+				parts[1] = append(parts[1], listRule{netip.PrefixFrom(netip.AddrFrom4(k.Addr), int(k.Prefixlen)), *v})
+			})
+		}},
+		{1, func() error {
+			return readAll(hosts6, func(k *datapath.MoatHostV6, v *datapath.MoatPrefixRule) {
+				parts[2] = append(parts[2], listRule{netip.PrefixFrom(netip.AddrFrom16(k.Addr), 128), *v})
+			})
+		}},
+		{1, func() error {
+			return readAll(nets6, func(k *datapath.MoatNetV6, v *datapath.MoatPrefixRule) {
+				parts[3] = append(parts[3], listRule{netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen)), *v})
+			})
+		}},
+	}
+	for i := range jobs {
+		read := jobs[i].run
+		jobs[i].run = func() error {
+			if err := read(); err != nil {
+				return err
+			}
+			slices.SortFunc(parts[i], cmpListRule)
+			return nil
+		}
+	}
+	if err := runJobs(jobs); err != nil {
+		return nil, err
+	}
+	// Every IPv4 entry sorts before every IPv6 one.
+	out := make([]listRule, 0, len(parts[0])+len(parts[1])+len(parts[2])+len(parts[3]))
+	out = mergeSorted(out, parts[0], parts[1], cmpListRule)
+	return mergeSorted(out, parts[2], parts[3], cmpListRule), nil
+}
+
+// cmpListRule orders by address, then length. Stored prefixes are masked,
+// so this is netip.Prefix.Compare without its masking on every call, which
+// made it the larger part of sorting a million entries.
+func cmpListRule(a, b listRule) int {
+	if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
+}
+
+// mergeSorted appends the merge of two sorted slices to out.
+func mergeSorted[T any](out, a, b []T, cmp func(T, T) int) []T {
+	for len(a) > 0 && len(b) > 0 {
+		if cmp(a[0], b[0]) <= 0 {
+			out, a = append(out, a[0]), a[1:]
+		} else {
+			out, b = append(out, b[0]), b[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
 
 // Entries lists list l, sorted by family, address and length.
 func (s *Shield) Entries(l List) ([]Entry, error) {
-	var out []Entry
 	comments, err := s.comments(l)
 	if err != nil {
 		return nil, err
 	}
-	add := func(p netip.Prefix, v datapath.MoatPrefixRule) {
-		e := Entry{Prefix: p, Hits: v.Hits, Expires: fromBoot(v.ExpiresNs), expiresNs: v.ExpiresNs}
-		if v.Flags&1 != 0 {
-			e.Comment = comments[p]
-		}
-		out = append(out, e)
+	rs, err := s.readList(l)
+	if err != nil {
+		return nil, err
 	}
-	for _, v6 := range []bool{false, true} {
-		hosts, nets := s.listMaps(l, v6)
-		var v datapath.MoatPrefixRule
-		if !v6 {
-			var hk datapath.MoatHostV4
-			it := hosts.Iterate()
-			for it.Next(&hk, &v) {
-				add(netip.PrefixFrom(netip.AddrFrom4(hk.Addr), 32), v)
-			}
-			if err := it.Err(); err != nil {
-				return nil, err
-			}
-			var nk datapath.MoatNetV4
-			it = nets.Iterate()
-			for it.Next(&nk, &v) {
-				add(netip.PrefixFrom(netip.AddrFrom4(nk.Addr), int(nk.Prefixlen)), v)
-			}
-			if err := it.Err(); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		var hk datapath.MoatHostV6
-		it := hosts.Iterate()
-		for it.Next(&hk, &v) {
-			add(netip.PrefixFrom(netip.AddrFrom16(hk.Addr), 128), v)
-		}
-		if err := it.Err(); err != nil {
-			return nil, err
-		}
-		var nk datapath.MoatNetV6
-		it = nets.Iterate()
-		for it.Next(&nk, &v) {
-			add(netip.PrefixFrom(netip.AddrFrom16(nk.Addr), int(nk.Prefixlen)), v)
-		}
-		if err := it.Err(); err != nil {
-			return nil, err
+	out := make([]Entry, len(rs))
+	now, bootNs := time.Now(), bootNow()
+	for i, r := range rs {
+		out[i] = Entry{Prefix: r.prefix, Hits: r.rule.Hits, Expires: wallDeadline(r.rule.ExpiresNs, now, bootNs), expiresNs: r.rule.ExpiresNs}
+		if r.rule.Flags&1 != 0 {
+			out[i].Comment = comments[r.prefix]
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i].Prefix, out[j].Prefix
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c < 0
-		}
-		return a.Bits() < b.Bits()
-	})
 	return out, nil
 }
 
 func (s *Shield) comments(l List) (map[netip.Prefix]string, error) {
 	out := map[netip.Prefix]string{}
-	var k datapath.MoatCommentKey
-	var c datapath.MoatComment
-	it := s.maps[datapath.MoatMapComments].Iterate()
-	for it.Next(&k, &c) {
+	err := readAll(s.maps[datapath.MoatMapComments], func(k *datapath.MoatCommentKey, c *datapath.MoatComment) {
 		if List(k.List) != l {
-			continue
+			return
 		}
 		var a netip.Addr
 		if k.Family == 4 {
@@ -333,35 +462,29 @@ func (s *Shield) comments(l List) (map[netip.Prefix]string, error) {
 			b = append(b, byte(ch))
 		}
 		out[netip.PrefixFrom(a, int(k.Prefixlen))] = string(b)
-	}
-	return out, it.Err()
+	})
+	return out, err
 }
 
-// Count returns the number of entries in list l without reading them.
+// Count returns the number of entries in list l.
 func (s *Shield) Count(l List) (int, error) {
-	n := 0
-	for _, v6 := range []bool{false, true} {
-		hosts, nets := s.listMaps(l, v6)
-		for _, m := range []*ebpf.Map{hosts, nets} {
-			c, err := countKeys(m)
-			if err != nil {
-				return 0, err
-			}
-			n += c
-		}
-	}
-	return n, nil
+	hosts4, nets4 := s.listMaps(l, false)
+	hosts6, nets6 := s.listMaps(l, true)
+	var n [4]int
+	err := runJobs([]job{
+		{1, func() error { return countAll[datapath.MoatHostV4](hosts4, &n[0]) }},
+		{1, func() error { return countAll[datapath.MoatNetV4](nets4, &n[1]) }},
+		{1, func() error { return countAll[datapath.MoatHostV6](hosts6, &n[2]) }},
+		{1, func() error { return countAll[datapath.MoatNetV6](nets6, &n[3]) }},
+	})
+	return n[0] + n[1] + n[2] + n[3], err
 }
 
-func countKeys(m *ebpf.Map) (int, error) {
-	key := make([]byte, m.KeySize())
-	n := 0
-	it := m.Iterate()
-	var skip []byte = make([]byte, m.ValueSize())
-	for it.Next(&key, &skip) {
-		n++
-	}
-	return n, it.Err()
+// countAll counts the elements of a list map. The kernel keeps no count of
+// a hash map's or a trie's elements that user space can read, so they are
+// read, values and all, in batches.
+func countAll[K any](m *ebpf.Map, n *int) error {
+	return readAll(m, func(*K, *datapath.MoatPrefixRule) { *n++ })
 }
 
 // ExpireStale deletes entries whose time has passed. The data path already

@@ -42,6 +42,8 @@ var sharedMaps = []string{
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
 	datapath.MoatMapSynPorts, datapath.MoatMapSynStats, datapath.MoatMapSynKeys,
 	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings,
+	datapath.MoatMapRlRules, datapath.MoatMapRlPortScopes, datapath.MoatMapRlClassScopes, datapath.MoatMapRlBudgets, datapath.MoatMapRlSources, datapath.MoatMapRlSketch, datapath.MoatMapRlStats, datapath.MoatMapRlSettings, datapath.MoatMapHhSources, datapath.MoatMapShape, datapath.MoatMapShapePorts, // rate limits (internal/ratelimit)
+	datapath.MoatMapCaptureSettings, datapath.MoatMapCaptureRing, datapath.MoatMapCaptureLost, datapath.MoatMapCaptureSeen, // packet capture (internal/capture)
 }
 
 // UserError marks an error caused by what the user asked for (a bad
@@ -151,7 +153,14 @@ func (s *Shield) mapsDir() string { return filepath.Join(s.root, "maps") }
 func (s *Shield) openMaps() error {
 	if _, err := os.Stat(s.mapsDir()); err == nil {
 		for _, name := range sharedMaps {
-			m, err := ebpf.LoadPinnedMap(filepath.Join(s.mapsDir(), name), nil)
+			path := filepath.Join(s.mapsDir(), name)
+			m, err := ebpf.LoadPinnedMap(path, nil)
+			if errors.Is(err, os.ErrNotExist) {
+				// Pinned by an older moat that did not have this map yet:
+				// add it, empty, beside the others. Programs loaded from now
+				// on use it; the attached ones keep running until replaced.
+				m, err = s.addMap(name, path)
+			}
 			if err != nil {
 				return fmt.Errorf("open pinned map %s: %w", name, err)
 			}
@@ -191,6 +200,19 @@ func (s *Shield) openMaps() error {
 		return fmt.Errorf("pin maps: %w", err)
 	}
 	return nil
+}
+
+// addMap creates one shared map and pins it at path.
+func (s *Shield) addMap(name, path string) (*ebpf.Map, error) {
+	m, err := ebpf.NewMap(s.spec.Maps[name])
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Pin(path); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
 }
 
 // withAccessFlags takes the user-space access flags (syn_keys is write-only

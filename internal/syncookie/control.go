@@ -34,8 +34,20 @@ const (
 )
 
 // DefaultRotation is how often keys rotate; a cookie lives one to two
-// rotation periods.
+// rotation periods. It must match SYN_DEFAULT_ROTATION_NS (syn_structs.h),
+// the period the data path assumes when Config.RotationPeriod is zero.
 const DefaultRotation = time.Minute
+
+// StaleAfter is how old the last rotation may get, for a rotation period,
+// before the data path takes the rotator for dead and stops issuing and
+// accepting moat cookies (SYNs go to the kernel): two periods, a key's
+// life, plus half a period of slack. Mirrors SYN_STALE_HALF_PERIODS.
+func StaleAfter(period time.Duration) time.Duration {
+	if period <= 0 {
+		period = DefaultRotation
+	}
+	return period / 2 * 5
+}
 
 // DefaultThreshold is the SYN rate (per second, per port) above which auto
 // mode turns cookies on. Cookies keep every option, so erring low is cheap.
@@ -92,14 +104,25 @@ func Generation(rotation *ebpf.Map) (uint64, error) {
 // old, so cookies made under that one stop being valid now, and cookies of
 // the generation before stay valid. The generation is written last so the
 // data path never signs with a half-written key.
+//
+// Generation 1 also fills the other slot with an independent random key:
+// the data path refuses that slot until generation 2, but nothing should
+// ever sign with a key nobody chose (an unwritten slot is all zeros).
 func InstallKey(keys, rotation *ebpf.Map, gen uint64, k Key) error {
 	slot := uint32(gen & 1)
+	if gen == 1 {
+		other, err := NewKey()
+		if err != nil {
+			return err
+		}
+		if err := keys.Update(slot^1, datapath.MoatSynKey{K0: other.K0, K1: other.K1}, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("install syn cookie key: %w", err)
+		}
+	}
 	if err := keys.Update(slot, datapath.MoatSynKey{K0: k.K0, K1: k.K1}, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("install syn cookie key: %w", err)
 	}
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	st := datapath.MoatSynKeyState{Generation: gen, RotatedNs: uint64(ts.Nano())}
+	st := datapath.MoatSynKeyState{Generation: gen, RotatedNs: monotonicNow()}
 	if err := rotation.Update(uint32(0), st, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("publish key generation: %w", err)
 	}
@@ -107,8 +130,10 @@ func InstallKey(keys, rotation *ebpf.Map, gen uint64, k Key) error {
 }
 
 // Rotate installs a fresh key from crypto/rand as the next generation and
-// returns that generation. Call it on a schedule (DefaultRotation); the
-// first call also enables cookies.
+// returns that generation. Call it on a schedule (DefaultRotation, or the
+// Config.RotationPeriod written to the data path): once the last rotation
+// is older than StaleAfter(period), moat issues no more cookies. The first
+// call also enables cookies.
 func Rotate(keys, rotation *ebpf.Map) (uint64, error) {
 	gen, err := Generation(rotation)
 	if err != nil {
@@ -132,6 +157,10 @@ type Config struct {
 	MSSv4, MSSv6   uint16        // MSS moat announces (default 1460/1440)
 	WScale         uint8         // window scale moat announces (default 7)
 	ECN            bool          // accept ECN; set it when net.ipv4.tcp_ecn != 0
+	// RotationPeriod is how often the control plane calls Rotate (default
+	// DefaultRotation). The data path stops issuing cookies when the last
+	// rotation is older than StaleAfter(RotationPeriod).
+	RotationPeriod time.Duration
 }
 
 // Configure writes the settings.
@@ -142,6 +171,10 @@ func Configure(settings *ebpf.Map, c Config) error {
 		MssV4:            c.MSSv4,
 		MssV6:            c.MSSv6,
 		RcvWscale:        c.WScale,
+		RotationPeriodNs: uint64(c.RotationPeriod),
+	}
+	if c.RotationPeriod < 0 {
+		return fmt.Errorf("rotation period %s: must not be negative", c.RotationPeriod)
 	}
 	if c.WScale > 14 {
 		return fmt.Errorf("window scale %d: at most 14", c.WScale)
@@ -153,6 +186,61 @@ func Configure(settings *ebpf.Map, c Config) error {
 		return fmt.Errorf("write syn settings: %w", err)
 	}
 	return nil
+}
+
+// SetRotationPeriod changes only the rotation period the data path
+// expects, keeping the other settings.
+func SetRotationPeriod(settings *ebpf.Map, period time.Duration) error {
+	if period < 0 {
+		return fmt.Errorf("rotation period %s: must not be negative", period)
+	}
+	var v datapath.MoatSynConfig
+	if err := settings.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("read syn settings: %w", err)
+	}
+	v.RotationPeriodNs = uint64(period)
+	if err := settings.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write syn settings: %w", err)
+	}
+	return nil
+}
+
+// KeyStatus is the state of key rotation; key material is never read (the
+// keys map is write-only from user space).
+type KeyStatus struct {
+	Rotations    uint64        `json:"key_rotations"`
+	LastRotation time.Time     `json:"last_rotation,omitzero"`
+	Age          time.Duration `json:"-"`
+	AgeSeconds   float64       `json:"last_rotation_age_seconds"`
+	Period       time.Duration `json:"-"`
+	// Stale: the last rotation is older than StaleAfter(Period), so the
+	// data path issues no cookies (is the rotator running?).
+	Stale bool `json:"stale"`
+}
+
+// Keys reads the rotation state and the period the data path expects.
+func Keys(rotation, settings *ebpf.Map) (KeyStatus, error) {
+	var st datapath.MoatSynKeyState
+	if err := rotation.Lookup(uint32(0), &st); err != nil {
+		return KeyStatus{}, fmt.Errorf("read key generation: %w", err)
+	}
+	var cfg datapath.MoatSynConfig
+	if err := settings.Lookup(uint32(0), &cfg); err != nil {
+		return KeyStatus{}, fmt.Errorf("read syn settings: %w", err)
+	}
+	ks := KeyStatus{Rotations: st.Generation, Period: time.Duration(cfg.RotationPeriodNs)}
+	if ks.Period == 0 {
+		ks.Period = DefaultRotation
+	}
+	if st.Generation == 0 {
+		return ks, nil
+	}
+	now := monotonicNow()
+	ks.Age = time.Duration(now - st.RotatedNs)
+	ks.AgeSeconds = ks.Age.Seconds()
+	ks.LastRotation = time.Now().Add(-ks.Age)
+	ks.Stale = ks.Age > StaleAfter(ks.Period)
+	return ks, nil
 }
 
 // Protect sets the mode of a TCP port. threshold is the SYN rate per second
@@ -177,10 +265,7 @@ func Protect(ports, stats *ebpf.Map, port uint16, mode Mode, threshold uint32) e
 	}
 	// The data path counts per CPU in 100 ms windows; spread the rate
 	// evenly, as RSS spreads a spoofed flood.
-	perWindow := threshold / windowsPerSecond / uint32(max(ebpf.MustPossibleCPU(), 1))
-	if perWindow == 0 {
-		perWindow = 1
-	}
+	perWindow := windowThreshold(threshold)
 	// Counters first: the data path ignores a port without them.
 	zero := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
 	if err := stats.Update(key, zero, ebpf.UpdateAny); err != nil {
@@ -191,6 +276,59 @@ func Protect(ports, stats *ebpf.Map, port uint16, mode Mode, threshold uint32) e
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
 	return nil
+}
+
+// windowThreshold is a per-port rate as the data path counts it: per CPU
+// and per SYN_WINDOW_NS window. A flood is spread over the CPUs that run,
+// so the online ones count, not every possible one.
+func windowThreshold(perSec uint32) uint32 {
+	w := perSec / windowsPerSecond / uint32(OnlineCPUs())
+	if w == 0 {
+		w = 1
+	}
+	return w
+}
+
+// StoredThreshold is the rate Status reports for a port protected with
+// threshold perSec (0: DefaultThreshold): the data path keeps it per CPU
+// and per window, rounded down.
+func StoredThreshold(perSec uint32) uint64 {
+	if perSec == 0 {
+		perSec = DefaultThreshold
+	}
+	return uint64(windowThreshold(perSec)) * windowsPerSecond * uint64(OnlineCPUs())
+}
+
+// OnlineCPUs counts the CPUs online now (/sys/devices/system/cpu/online),
+// falling back to the possible CPUs.
+func OnlineCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err == nil {
+		if n := countCPUList(strings.TrimSpace(string(b))); n > 0 {
+			return n
+		}
+	}
+	return max(ebpf.MustPossibleCPU(), 1)
+}
+
+// countCPUList counts the CPUs in a kernel CPU list such as "0-3,6".
+func countCPUList(s string) int {
+	n := 0
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return 0
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return 0
+			}
+		}
+		n += b - a + 1
+	}
+	return n
 }
 
 // PortStatus is the state and counters of one protected port.
@@ -206,6 +344,8 @@ type PortStatus struct {
 	CookiesRejected uint64    `json:"cookies_rejected"`
 	ACKsDropped     uint64    `json:"acks_dropped"`
 	AcceptErrors    uint64    `json:"accept_errors"`
+	SYNsDropped     uint64    `json:"syns_dropped"`
+	StaleKeySYNs    uint64    `json:"stale_key_syns"`
 }
 
 // Status reads the protected ports (those with counters), summing the
@@ -213,6 +353,7 @@ type PortStatus struct {
 func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 	var out []PortStatus
 	bootOffset := monotonicEpoch()
+	now := monotonicNow()
 	var key uint32
 	var per []datapath.MoatSynPortStats
 	it := stats.Iterate()
@@ -225,10 +366,16 @@ func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 			Port:            uint16(key),
 			Mode:            Mode(p.Mode).String(),
 			Flooding:        p.Flooding != 0,
-			ThresholdPerSec: uint64(p.WindowThreshold) * windowsPerSecond * uint64(ebpf.MustPossibleCPU()),
+			ThresholdPerSec: uint64(p.WindowThreshold) * windowsPerSecond * uint64(OnlineCPUs()),
 		}
 		if p.LastChangeNs != 0 {
 			s.LastChange = bootOffset.Add(time.Duration(p.LastChangeNs))
+		}
+		// The data path clears flooding only when a SYN comes after the
+		// hold time; with no SYN since, the flood is over all the same.
+		if s.Flooding && p.FloodUntilNs != 0 && int64(now-p.FloodUntilNs) > 0 {
+			s.Flooding = false
+			s.LastChange = bootOffset.Add(time.Duration(p.FloodUntilNs))
 		}
 		for _, c := range per {
 			s.SYNs += c.Syns
@@ -237,6 +384,8 @@ func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 			s.CookiesRejected += c.CookiesRejected
 			s.ACKsDropped += c.AcksDropped
 			s.AcceptErrors += c.AcceptErrors
+			s.SYNsDropped += c.SynsDropped
+			s.StaleKeySYNs += c.StaleKeySyns
 		}
 		out = append(out, s)
 	}
@@ -250,9 +399,14 @@ func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 // monotonicEpoch is the wall-clock time at which CLOCK_MONOTONIC (what
 // bpf_ktime_get_ns reads) was zero.
 func monotonicEpoch() time.Time {
+	return time.Now().Add(-time.Duration(monotonicNow()))
+}
+
+// monotonicNow reads CLOCK_MONOTONIC, the data path's clock.
+func monotonicNow() uint64 {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return time.Now().Add(-time.Duration(ts.Nano()))
+	return uint64(ts.Nano())
 }
 
 // sysctlsNeeded are the sysctls bpf_sk_assign_tcp_reqsk depends on: with
@@ -318,4 +472,43 @@ func AttachTC(prog *ebpf.Program, ifindex int) (link.Link, error) {
 		return nil, fmt.Errorf("attach syn accept program to tcx ingress of ifindex %d: %w", ifindex, err)
 	}
 	return l, nil
+}
+
+// Listening says whether a TCP socket listens on port in the network
+// namespace of the calling thread. moat answers SYNs only for listeners in
+// the namespace of the device it is attached to; SYNs for anything else
+// (containers in other namespaces, DNAT, routed traffic) go to the kernel.
+func Listening(port uint16) (bool, error) {
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(filepath.Join("/proc/thread-self/net", f))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // no IPv6
+		}
+		if err != nil {
+			return false, fmt.Errorf("read listening sockets: %w", err)
+		}
+		if listensOn(string(b), port) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// listensOn reads a /proc/net/tcp table: "sl local_address rem_address st",
+// addresses as HEXADDR:HEXPORT, state 0A is LISTEN.
+func listensOn(table string, port uint16) bool {
+	for _, line := range strings.Split(table, "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[3] != "0A" {
+			continue
+		}
+		_, p, ok := strings.Cut(f[1], ":")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(p, 16, 16); err == nil && uint16(n) == port {
+			return true
+		}
+	}
+	return false
 }

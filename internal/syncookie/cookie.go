@@ -26,6 +26,13 @@ const (
 	keyBit     = 1 << 9
 	metaMask   = 0x3ff
 	maxWScale  = 14
+
+	// msgTS is hashed with the meta bits, not carried: the SYN offered
+	// timestamps, and moat's TSval carries 8 more hash bits.
+	msgTS         = 1 << 16
+	tsHashMask    = 0xff
+	tsHashShift   = 32
+	tsOffsetShift = 40
 )
 
 // MSSTable is the MSS values a cookie can carry. IPv6 raises entries below
@@ -146,7 +153,7 @@ func Meta(mss uint16, hasMSS bool, wscale uint8, hasWScale, sack, ecn bool, gen 
 
 // message is the 48 bytes SipHash authenticates, laid out as in struct
 // syn_cookie_msg.
-func message(t Tuple, clientISN uint32, meta uint32) []byte {
+func message(t Tuple, clientISN uint32, meta uint32, ts bool) []byte {
 	msg := make([]byte, 48)
 	c, s := t.Client.Addr(), t.Server.Addr()
 	family := uint32(6)
@@ -163,27 +170,65 @@ func message(t Tuple, clientISN uint32, meta uint32) []byte {
 	binary.BigEndian.PutUint16(msg[32:], t.Client.Port())
 	binary.BigEndian.PutUint16(msg[34:], t.Server.Port())
 	binary.BigEndian.PutUint32(msg[36:], clientISN)
-	binary.LittleEndian.PutUint32(msg[40:], meta&metaMask)
+	m := meta & metaMask
+	if ts {
+		m |= msgTS
+	}
+	binary.LittleEndian.PutUint32(msg[40:], m)
 	binary.LittleEndian.PutUint32(msg[44:], family)
 	return msg
 }
 
-// Cookie is the sequence number moat puts in its SYN-ACK.
-func Cookie(k Key, t Tuple, clientISN uint32, meta uint32) uint32 {
-	h := uint32(SipHash24(k, message(t, clientISN, meta)))
-	return h&^metaMask | meta&metaMask
+func cookieOf(h uint64, meta uint32) uint32 {
+	return uint32(h)&^metaMask | meta&metaMask
 }
 
-// Check validates a cookie returned in an ACK (its ack_seq - 1) against the
-// key pair in force (keys[gen&1] current, the other slot previous) and
-// returns the options it encodes.
+// Cookie is the sequence number moat puts in its SYN-ACK for a SYN without
+// timestamps.
+func Cookie(k Key, t Tuple, clientISN uint32, meta uint32) uint32 {
+	return cookieOf(SipHash24(k, message(t, clientISN, meta, false)), meta)
+}
+
+// CookieTS is the sequence number and TSval moat puts in its SYN-ACK for a
+// SYN with timestamps, sent when moat's millisecond clock (CLOCK_MONOTONIC)
+// read nowMS: the clock plus a keyed per-connection offset, its low 8 bits
+// replaced by more hash bits that the ACK must echo in TSecr.
+func CookieTS(k Key, t Tuple, clientISN uint32, meta uint32, nowMS uint32) (cookie, tsval uint32) {
+	h := SipHash24(k, message(t, clientISN, meta, true))
+	ms := nowMS + uint32(h>>tsOffsetShift)
+	return cookieOf(h, meta), ms&^tsHashMask | uint32(h>>tsHashShift)&tsHashMask
+}
+
+// TSOffset is the offset moat adds to its clock in the TSval of the
+// SYN-ACK that carries cookie (rounded down to the hash bits' 256 ms).
+func TSOffset(k Key, t Tuple, clientISN uint32, meta uint32) uint32 {
+	return uint32(SipHash24(k, message(t, clientISN, meta, true)) >> tsOffsetShift)
+}
+
+// Check validates a cookie returned in an ACK without timestamps (its
+// ack_seq - 1) against the key pair in force (keys[gen&1] current, the
+// other slot previous) and returns the options it encodes.
 func Check(keys [2]Key, t Tuple, clientISN, cookie uint32) (Options, bool) {
+	return check(keys, t, clientISN, cookie, false, 0)
+}
+
+// CheckTS is Check for an ACK with timestamps, whose TSecr must echo the
+// hash bits of moat's TSval.
+func CheckTS(keys [2]Key, t Tuple, clientISN, cookie, tsecr uint32) (Options, bool) {
+	return check(keys, t, clientISN, cookie, true, tsecr)
+}
+
+func check(keys [2]Key, t Tuple, clientISN, cookie uint32, ts bool, tsecr uint32) (Options, bool) {
 	meta := cookie & metaMask
 	slot := 0
 	if meta&keyBit != 0 {
 		slot = 1
 	}
-	if Cookie(keys[slot], t, clientISN, meta) != cookie {
+	h := SipHash24(keys[slot], message(t, clientISN, meta, ts))
+	if cookieOf(h, meta) != cookie {
+		return Options{}, false
+	}
+	if ts && tsecr&tsHashMask != uint32(h>>tsHashShift)&tsHashMask {
 		return Options{}, false
 	}
 	ws := uint8(meta & wscaleMask)

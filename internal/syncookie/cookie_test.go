@@ -24,12 +24,14 @@ func TestSipHashVector(t *testing.T) {
 func TestCookieRoundTrip(t *testing.T) {
 	tuple := Tuple{netip.MustParseAddrPort("192.0.2.10:40000"), netip.MustParseAddrPort("192.0.2.1:443")}
 	keys := [2]Key{{1, 2}, {3, 4}}
+	// The largest table entry not above the client's MSS (536 at least).
+	want := map[uint16]uint16{0: 536, 536: 536, 1300: 1300, 1460: 1460, 9000: 8960}
 	for gen := uint64(1); gen <= 2; gen++ {
 		for _, mss := range []uint16{0, 536, 1300, 1460, 9000} {
 			meta := Meta(mss, true, 8, true, true, true, gen, false)
 			c := Cookie(keys[gen&1], tuple, 42, meta)
 			o, ok := Check(keys, tuple, 42, c)
-			if !ok || o.WScale != 8 || !o.SACK || !o.ECN || o.MSS > max(mss, 536) {
+			if !ok || o.WScale != 8 || !o.SACK || !o.ECN || o.MSS != want[mss] {
 				t.Errorf("gen %d mss %d: %+v %v", gen, mss, o, ok)
 			}
 			if _, ok := Check(keys, tuple, 43, c); ok {
@@ -65,5 +67,50 @@ func TestCheckSysctlsNamesWhatIsWrong(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "tcp_window_scaling"), []byte("1\n"), 0o644)
 	if err := checkSysctlsIn(dir); err != nil {
 		t.Errorf("all on: %v", err)
+	}
+}
+
+// TestCookieTSRoundTrip: a cookie made for a SYN with timestamps is valid
+// only with them, and only when TSecr echoes the TSval's hash bits.
+func TestCookieTSRoundTrip(t *testing.T) {
+	tuple := Tuple{netip.MustParseAddrPort("[2001:db8::10]:40000"), netip.MustParseAddrPort("[2001:db8::1]:443")}
+	keys := [2]Key{{1, 2}, {3, 4}}
+	meta := Meta(1400, true, 7, true, true, false, 1, true)
+	c, ts := CookieTS(keys[1], tuple, 42, meta, 123456)
+	if o, ok := CheckTS(keys, tuple, 42, c, ts); !ok || o.MSS != 1400 || o.WScale != 7 {
+		t.Fatalf("CheckTS: %+v %v", o, ok)
+	}
+	if _, ok := Check(keys, tuple, 42, c); ok {
+		t.Error("a timestamps cookie is valid without timestamps")
+	}
+	if _, ok := CheckTS(keys, tuple, 42, c, ts^1); ok {
+		t.Error("valid with a wrong TSecr hash bit")
+	}
+	if off := TSOffset(keys[1], tuple, 42, meta); (ts-off)&^0xff != 123456&^0xff {
+		t.Errorf("TSval %d less offset %d is not the clock 123456", ts, off)
+	}
+	if _, ok := CheckTS(keys, tuple, 42, Cookie(keys[1], tuple, 42, meta), ts); ok {
+		t.Error("a cookie made without timestamps is valid with them")
+	}
+}
+
+func TestCountCPUList(t *testing.T) {
+	for in, want := range map[string]int{"0": 1, "0-1": 2, "0-3,6": 5, "0,2,4-7": 6, "": 0, "x": 0, "3-1": 0} {
+		if got := countCPUList(in); got != want {
+			t.Errorf("countCPUList(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
+
+func TestListensOn(t *testing.T) {
+	table := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:0050 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 20 4 30 10 -1
+`
+	if !listensOn(table, 8080) {
+		t.Error("listener on 8080 not found")
+	}
+	if listensOn(table, 80) {
+		t.Error("an established socket on 80 taken for a listener")
 	}
 }

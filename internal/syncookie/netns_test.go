@@ -372,7 +372,7 @@ func TestAckFloodDropped(t *testing.T) {
 	exchange(t, c, 4096)
 
 	send := rawSender(t, s.lab.Attacker)
-	const flood = 20000
+	const flood = 10000
 	before := s.status(t)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -394,9 +394,10 @@ func TestAckFloodDropped(t *testing.T) {
 	// ...and after it.
 	exchange(t, c, 4096)
 	after := s.status(t)
-	// A random 32-bit ACK number passes the 22-bit cookie hash with
-	// probability 2^-22: all of them must be dropped.
-	if got := after.ACKsDropped - before.ACKsDropped; got != flood {
+	// A random ACK with timestamps passes moat's check with probability
+	// 2^-30 (22 cookie bits, 8 in TSecr), 2^-22 without: one or two lucky
+	// ones must not fail the test, more would mean the filter leaks.
+	if got := after.ACKsDropped - before.ACKsDropped; got > flood || got < flood-2 {
 		t.Errorf("dropped %d of %d flood ACKs", got, flood)
 	}
 }

@@ -2,7 +2,10 @@ package syncookie
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"fmt"
+	"net"
 	"net/netip"
 	"runtime"
 	"testing"
@@ -34,6 +37,7 @@ const (
 	protectedPort   = 80
 	unprotectedPort = 81
 	neverPort       = 82
+	noListenerPort  = 83 // protected (always), but nothing listens on it
 	clientPort      = 40000
 	clientISN       = 0x12345678
 )
@@ -78,6 +82,46 @@ func inScratchNetns(t testing.TB, fn func()) {
 	<-done
 }
 
+// listen opens a dual-stack listener on port in the namespace of the
+// calling (locked) thread: moat answers SYNs and filters ACKs only where a
+// listener owns the port. MPTCP is off, as on every protected port.
+func listen(t testing.TB, port uint16) net.Listener {
+	t.Helper()
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp", fmt.Sprintf("[::]:%d", port))
+	if err != nil {
+		t.Fatalf("listen on %d: %v", port, err)
+	}
+	return ln
+}
+
+// verdicts runs prog over each frame in a scratch namespace with a
+// listener on protectedPort, returning verdicts and output frames.
+// Subtests run on goroutines of their own, in the test binary's
+// namespace, so frames are run here and the results checked in subtests.
+func verdicts(t *testing.T, prog *ebpf.Program, frames [][]byte) ([]uint32, [][]byte) {
+	t.Helper()
+	rets := make([]uint32, len(frames))
+	outs := make([][]byte, len(frames))
+	withListener(t, func() {
+		for i, f := range frames {
+			rets[i], outs[i] = run(t, prog, f)
+		}
+	})
+	return rets, outs
+}
+
+// withListener is inScratchNetns with a listener on protectedPort.
+func withListener(t testing.TB, fn func()) {
+	t.Helper()
+	inScratchNetns(t, func() {
+		ln := listen(t, protectedPort)
+		defer ln.Close()
+		fn()
+	})
+}
+
 func run(t *testing.T, prog *ebpf.Program, frame []byte) (uint32, []byte) {
 	t.Helper()
 	opts := &ebpf.RunOptions{Data: bytes.Clone(frame), DataOut: make([]byte, len(frame)+256)}
@@ -102,12 +146,18 @@ type synOpts struct {
 }
 
 // expectedSynAck builds the frame moat must send for a SYN from client to
-// server offering o, under key k of generation gen, with moat's TSval tsval.
-func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k Key, gen uint64, tsval uint32) ([]byte, uint32) {
+// server offering o, under key k of generation gen. gotTSval is the TSval
+// moat sent: its clock part cannot be predicted, so the expected TSval is
+// built from it with the hash bits the reference computes.
+func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k Key, gen uint64, gotTSval uint32) ([]byte, uint32, uint32) {
 	v6 := client.Is6()
 	meta := Meta(o.mss, o.hasMSS, o.wscale, o.hasWScale, o.sack, o.ecn, gen, v6)
 	tuple := Tuple{netip.AddrPortFrom(client, clientPort), netip.AddrPortFrom(server, protectedPort)}
 	cookie := Cookie(k, tuple, clientISN, meta)
+	var tsval uint32
+	if o.ts {
+		cookie, tsval = CookieTS(k, tuple, clientISN, meta, gotTSval-TSOffset(k, tuple, clientISN, meta))
+	}
 
 	ourMSS := uint16(1460)
 	if v6 {
@@ -152,19 +202,24 @@ func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k 
 	} else {
 		f.Net = testpkt.IPv4{Src: server, Dst: client, TTL: 64, DF: true}
 	}
-	return f.Bytes(), cookie
+	return f.Bytes(), cookie, tsval
 }
 
 func synFrame(tags []testpkt.Tag, client, server netip.Addr, tcp testpkt.TCP) []byte {
+	return synFrameECN(tags, client, server, tcp, 0)
+}
+
+// synFrameECN is synFrame with the IP header's ECN field set to ipECN.
+func synFrameECN(tags []testpkt.Tag, client, server netip.Addr, tcp testpkt.TCP, ipECN uint8) []byte {
 	tcp.SrcPort, tcp.Seq, tcp.SYN = clientPort, clientISN, true
 	if tcp.DstPort == 0 {
 		tcp.DstPort = protectedPort
 	}
 	f := testpkt.Frame{Tags: tags, L4: tcp}
 	if client.Is6() {
-		f.Net = testpkt.IPv6{Src: client, Dst: server}
+		f.Net = testpkt.IPv6{Src: client, Dst: server, TrafficClass: ipECN}
 	} else {
-		f.Net = testpkt.IPv4{Src: client, Dst: server}
+		f.Net = testpkt.IPv4{Src: client, Dst: server, TOS: ipECN}
 	}
 	return f.Bytes()
 }
@@ -229,6 +284,8 @@ func tsvalOf(frame []byte, l4 int) uint32 {
 	return 0
 }
 
+// setup loads the filter with generation 1 installed (testKeys[0]),
+// protectedPort and noListenerPort in always mode, neverPort in never.
 func setup(t *testing.T) *datapath.MoatObjects {
 	objs := loadObjects(t)
 	if err := InstallKey(objs.SynKeys, objs.SynRotation, 1, testKeys[0]); err != nil {
@@ -240,7 +297,7 @@ func setup(t *testing.T) *datapath.MoatObjects {
 	for _, p := range []struct {
 		port uint16
 		mode Mode
-	}{{protectedPort, ModeAlways}, {neverPort, ModeNever}} {
+	}{{protectedPort, ModeAlways}, {neverPort, ModeNever}, {noListenerPort, ModeAlways}} {
 		if err := Protect(objs.SynPorts, objs.SynStats, p.port, p.mode, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -263,7 +320,6 @@ func TestSynAckBytes(t *testing.T) {
 		{"ipv4 linux options", nil, client4, server4, testpkt.TCP{Options: linux}, linuxOpts},
 		{"ipv6 linux options", nil, client6, server6, testpkt.TCP{Options: linux}, linuxOpts},
 		{"ipv4 vlan", testpkt.VLAN(100), client4, server4, testpkt.TCP{Options: linux}, linuxOpts},
-		{"ipv6 qinq", testpkt.QinQ(10, 20), client6, server6, testpkt.TCP{Options: linux}, linuxOpts},
 		{"no options", nil, client4, server4, testpkt.TCP{}, synOpts{}},
 		{"ipv6 no options", nil, client6, server6, testpkt.TCP{}, synOpts{}},
 		{"unusual order", nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{
@@ -283,15 +339,26 @@ func TestSynAckBytes(t *testing.T) {
 		{"ecn setup", nil, client4, server4, testpkt.TCP{ECE: true, CWR: true, Options: linux},
 			synOpts{mss: 1460, hasMSS: true, wscale: 7, hasWScale: true, sack: true, ts: true, tsval: 777, ecn: true}},
 		{"ece alone is not ecn", nil, client4, server4, testpkt.TCP{ECE: true, Options: linux}, linuxOpts},
+		{"ipv6 ecn setup", nil, client6, server6, testpkt.TCP{ECE: true, CWR: true, Options: linux},
+			synOpts{mss: 1460, hasMSS: true, wscale: 7, hasWScale: true, sack: true, ts: true, tsval: 777, ecn: true}},
 		{"unknown option skipped", nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{
 			{OptionType: 30, OptionData: []byte{1, 2, 3, 4}}, testpkt.MSS(1440), testpkt.SACKPermitted()}},
 			synOpts{mss: 1440, hasMSS: true, sack: true}},
+		// The kernel refuses ECN to an ECT-marked SYN (tcp_ecn_create_request).
+		{"ect(0) syn is not ecn", nil, client4, server4, testpkt.TCP{ECE: true, CWR: true, Options: linux}, linuxOpts},
+		{"ipv6 ect(1) syn is not ecn", nil, client6, server6, testpkt.TCP{ECE: true, CWR: true, Options: linux}, linuxOpts},
 	}
-	inScratchNetns(t, func() {
-		for _, c := range cases {
+	// The ECN field of the SYN's IP header, where not 0 (not-ECT).
+	ipECN := map[string]uint8{"ect(0) syn is not ecn": 2, "ipv6 ect(1) syn is not ecn": 1}
+	var frames [][]byte
+	for _, c := range cases {
+		frames = append(frames, synFrameECN(c.tags, c.client, c.server, c.tcp, ipECN[c.name]))
+	}
+	rets, outs := verdicts(t, objs.MoatFilter, frames)
+	{
+		for i, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
-				in := synFrame(c.tags, c.client, c.server, c.tcp)
-				ret, out := run(t, objs.MoatFilter, in)
+				ret, out := rets[i], outs[i]
 				if ret != uint32(2+1) { // XDP_TX
 					t.Fatalf("verdict %d, want XDP_TX (3)", ret)
 				}
@@ -300,24 +367,32 @@ func TestSynAckBytes(t *testing.T) {
 				if c.client.Is6() {
 					l4 = l3 + 40
 				}
-				var tsval uint32
+				tuple := Tuple{netip.AddrPortFrom(c.client, clientPort), netip.AddrPortFrom(c.server, protectedPort)}
+				var gotTS uint32
 				if c.want.ts {
-					tsval = tsvalOf(out, l4)
+					// TSval is the millisecond clock plus a keyed offset
+					// (its low byte then replaced by hash bits): without the
+					// offset it is the clock, which the raw value is not.
+					gotTS = tsvalOf(out, l4)
+					meta := Meta(c.want.mss, c.want.hasMSS, c.want.wscale, c.want.hasWScale, c.want.sack, c.want.ecn, 1, c.client.Is6())
 					var ts unix.Timespec
 					_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 					nowMS := uint32(ts.Nano() / 1e6)
-					if d := int32(nowMS - tsval); d < 0 || d > 2000 {
-						t.Errorf("TSval %d is not moat's millisecond clock (now %d)", tsval, nowMS)
+					if d := int32(nowMS - (gotTS - TSOffset(testKeys[0], tuple, clientISN, meta))); d < -256 || d > 2000 {
+						t.Errorf("TSval %d less the offset is not moat's millisecond clock (now %d)", gotTS, nowMS)
 					}
 				}
-				want, cookie := expectedSynAck(c.tags, c.client, c.server, c.want, testKeys[0], 1, tsval)
+				want, cookie, wantTS := expectedSynAck(c.tags, c.client, c.server, c.want, testKeys[0], 1, gotTS)
 				if !bytes.Equal(out, want) {
 					t.Fatalf("SYN-ACK differs\n got %x\nwant %x", out, want)
 				}
 				verifyChecksums(t, out, l3)
 				// The Go reference decodes what the BPF encoded.
-				tuple := Tuple{netip.AddrPortFrom(c.client, clientPort), netip.AddrPortFrom(c.server, protectedPort)}
-				got, ok := Check([2]Key{{}, testKeys[0]}, tuple, clientISN, cookie)
+				check := func() (Options, bool) { return Check([2]Key{{}, testKeys[0]}, tuple, clientISN, cookie) }
+				if c.want.ts {
+					check = func() (Options, bool) { return CheckTS([2]Key{{}, testKeys[0]}, tuple, clientISN, cookie, wantTS) }
+				}
+				got, ok := check()
 				if !ok {
 					t.Fatal("reference rejects the cookie")
 				}
@@ -326,65 +401,98 @@ func TestSynAckBytes(t *testing.T) {
 				}
 			})
 		}
-	})
+	}
 }
 
 func TestSynAckTrimsPadding(t *testing.T) {
 	objs := setup(t)
-	inScratchNetns(t, func() {
+	withListener(t, func() {
 		// A 54-byte SYN padded to Ethernet's 60-byte minimum.
 		in := append(synFrame(nil, client4, server4, testpkt.TCP{}), 0, 0, 0, 0, 0, 0)
 		ret, out := run(t, objs.MoatFilter, in)
-		want, _ := expectedSynAck(nil, client4, server4, synOpts{}, testKeys[0], 1, 0)
+		want, _, _ := expectedSynAck(nil, client4, server4, synOpts{}, testKeys[0], 1, 0)
 		if ret != 3 || !bytes.Equal(out, want) {
 			t.Fatalf("verdict %d\n got %x\nwant %x", ret, out, want)
 		}
 	})
 }
 
+// TestSynsThatGetNoCookie: in cookie mode a SYN moat will not answer is
+// dropped and counted (passing it would let a flood of that shape reach
+// the kernel at its own rate), except where the kernel must decide: those
+// pass untouched.
 func TestSynsThatGetNoCookie(t *testing.T) {
 	objs := setup(t)
 	opts := []layers.TCPOption{testpkt.MSS(1460)}
+	syn := testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, Seq: clientISN, SYN: true, Options: opts}
+	bcastMAC := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	v4 := func(src, dst string) []byte {
+		return testpkt.Frame{Net: testpkt.IPv4{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst)}, L4: syn}.Bytes()
+	}
+	v6 := func(src, dst string) []byte {
+		return testpkt.Frame{Net: testpkt.IPv6{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst)}, L4: syn}.Bytes()
+	}
 	cases := []struct {
 		name  string
 		frame []byte
+		want  uint32 // 1 XDP_DROP, 2 XDP_PASS
 	}{
-		{"syn+fin", synFrame(nil, client4, server4, testpkt.TCP{FIN: true, Options: opts})},
-		{"syn+rst", synFrame(nil, client4, server4, testpkt.TCP{RST: true, Options: opts})},
-		{"syn with data", synFrame(nil, client4, server4, testpkt.TCP{Options: opts, Payload: []byte("GET /")})},
-		{"syn+ack", synFrame(nil, client4, server4, testpkt.TCP{ACK: true, Options: opts})},
-		{"unprotected port", synFrame(nil, client4, server4, testpkt.TCP{DstPort: unprotectedPort, Options: opts})},
-		{"never mode", synFrame(nil, client4, server4, testpkt.TCP{DstPort: neverPort, Options: opts})},
-		{"ipv4 first fragment", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, MF: true},
-			L4: testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, SYN: true, Options: opts}}.Bytes()},
-		{"ipv4 later fragment", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, FragOff: 100},
-			L4: testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, SYN: true, Options: opts}}.Bytes()},
-		{"ipv6 fragment header", testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6, Ext: []testpkt.IPv6Ext{testpkt.Fragment{More: true, ID: 7}}},
-			L4: testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, SYN: true, Options: opts}}.Bytes()},
-		{"ipv4 options", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, Options: []testpkt.IPv4Option{testpkt.RouterAlert()}},
-			L4: testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, SYN: true, Options: opts}}.Bytes()},
+		{"syn+fin", synFrame(nil, client4, server4, testpkt.TCP{FIN: true, Options: opts}), 1},
+		{"syn+rst", synFrame(nil, client4, server4, testpkt.TCP{RST: true, Options: opts}), 1},
+		{"syn with data", synFrame(nil, client4, server4, testpkt.TCP{Options: opts, Payload: []byte("GET /")}), 1},
+		{"syn with one byte of data", synFrame(nil, client6, server6, testpkt.TCP{Options: opts, Payload: []byte{0}}), 1},
+		{"ipv4 first fragment", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, MF: true}, L4: syn}.Bytes(), 1},
+		{"ipv6 first fragment", testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6,
+			Ext: []testpkt.IPv6Ext{testpkt.Fragment{More: true, ID: 7}}}, L4: syn}.Bytes(), 1},
+		{"ipv4 options", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4,
+			Options: []testpkt.IPv4Option{testpkt.RouterAlert()}}, L4: syn}.Bytes(), 1},
+		{"ipv6 destination options", testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6,
+			Ext: []testpkt.IPv6Ext{testpkt.DestOpts{Options: []testpkt.IPv6TLV{{Type: 0x1e, Data: make([]byte, 4)}}}}}, L4: syn}.Bytes(), 1},
+		{"broadcast mac", testpkt.Frame{DstMAC: bcastMAC, Net: testpkt.IPv4{Src: client4, Dst: server4}, L4: syn}.Bytes(), 1},
+		{"to 255.255.255.255", v4("192.0.2.10", "255.255.255.255"), 1},
+		{"to 224.0.0.1", v4("192.0.2.10", "224.0.0.1"), 1},
+		{"to 0.0.0.0", v4("192.0.2.10", "0.0.0.0"), 1},
+		{"from 0.0.0.0", v4("0.0.0.0", "192.0.2.1"), 1},
+		{"from 127.0.0.1", v4("127.0.0.1", "192.0.2.1"), 1},
+		{"from 224.0.0.5", v4("224.0.0.5", "192.0.2.1"), 1},
+		{"to ff02::1", v6("2001:db8::10", "ff02::1"), 1},
+		{"from ::1", v6("::1", "2001:db8::1"), 1},
+		{"from ::", v6("::", "2001:db8::1"), 1},
+		{"to ::1", v6("2001:db8::10", "::1"), 1},
+
+		{"syn+ack", synFrame(nil, client4, server4, testpkt.TCP{ACK: true, Options: opts}), 2},
+		{"unprotected port", synFrame(nil, client4, server4, testpkt.TCP{DstPort: unprotectedPort, Options: opts}), 2},
+		{"never mode", synFrame(nil, client4, server4, testpkt.TCP{DstPort: neverPort, Options: opts}), 2},
+		{"ipv4 later fragment", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, FragOff: 100}, L4: syn}.Bytes(), 2},
+		// No listener in this namespace: the destination may be a container
+		// behind this device, or NAT; the kernel knows.
+		{"no listener", synFrame(nil, client4, server4, testpkt.TCP{DstPort: noListenerPort, Options: opts}), 2},
+		{"ipv6 no listener", synFrame(nil, client6, server6, testpkt.TCP{DstPort: noListenerPort, Options: opts}), 2},
+		// The tc acceptor would see the inner tag still in the frame.
+		{"ipv6 qinq", synFrame(testpkt.QinQ(10, 20), client6, server6, testpkt.TCP{Options: opts}), 2},
 	}
-	inScratchNetns(t, func() {
-		for _, c := range cases {
-			t.Run(c.name, func(t *testing.T) {
-				ret, out := run(t, objs.MoatFilter, c.frame)
-				if ret != 2 { // XDP_PASS
-					t.Fatalf("verdict %d, want XDP_PASS", ret)
-				}
-				if !bytes.Equal(out, c.frame) {
-					t.Fatal("a passed frame was modified")
-				}
-			})
+	var drops uint64
+	var frames [][]byte
+	for _, c := range cases {
+		frames = append(frames, c.frame)
+		if c.want == 1 {
+			drops++
 		}
-	})
-	st, err := Status(objs.SynPorts, objs.SynStats)
-	if err != nil {
-		t.Fatal(err)
 	}
-	for _, s := range st {
-		if s.CookiesIssued != 0 {
-			t.Errorf("tcp/%d issued %d cookies", s.Port, s.CookiesIssued)
-		}
+	rets, outs := verdicts(t, objs.MoatFilter, frames)
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if rets[i] != c.want {
+				t.Fatalf("verdict %d, want %d", rets[i], c.want)
+			}
+			if rets[i] == 2 && !bytes.Equal(outs[i], c.frame) {
+				t.Fatal("a passed frame was modified")
+			}
+		})
+	}
+	st := portStatus(t, objs, protectedPort)
+	if st.CookiesIssued != 0 || st.SYNsDropped != drops {
+		t.Errorf("status %+v: want no cookie issued and %d SYNs dropped", st, drops)
 	}
 }
 
@@ -393,16 +501,40 @@ func TestNoCookiesWithoutKey(t *testing.T) {
 	if err := Protect(objs.SynPorts, objs.SynStats, protectedPort, ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
-	inScratchNetns(t, func() {
+	withListener(t, func() {
 		if ret, _ := run(t, objs.MoatFilter, synFrame(nil, client4, server4, testpkt.TCP{})); ret != 2 {
 			t.Fatalf("verdict %d before any key, want XDP_PASS", ret)
 		}
 	})
 }
 
+// portStatus is Status for one port.
+func portStatus(t *testing.T, objs *datapath.MoatObjects, port uint16) PortStatus {
+	t.Helper()
+	st, err := Status(objs.SynPorts, objs.SynStats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if s.Port == port {
+			return s
+		}
+	}
+	t.Fatalf("tcp/%d missing from status", port)
+	return PortStatus{}
+}
+
+// tsOpts are the options of a Linux ACK: timestamps, moat's TSval echoed.
+func tsOpts(tsecr uint32) []layers.TCPOption {
+	return []layers.TCPOption{testpkt.TCPNOP(), testpkt.TCPNOP(), testpkt.Timestamps(778, tsecr)}
+}
+
 func ackFrame(client, server netip.Addr, port uint16, seq, ack uint32, rst bool) []byte {
-	tcp := testpkt.TCP{SrcPort: clientPort, DstPort: port, Seq: seq, Ack: ack, ACK: true, RST: rst,
-		Options: []layers.TCPOption{testpkt.TCPNOP(), testpkt.TCPNOP(), testpkt.Timestamps(778, 1000)}}
+	return ackFrameOpts(client, server, port, seq, ack, rst, tsOpts(1000))
+}
+
+func ackFrameOpts(client, server netip.Addr, port uint16, seq, ack uint32, rst bool, opts []layers.TCPOption) []byte {
+	tcp := testpkt.TCP{SrcPort: clientPort, DstPort: port, Seq: seq, Ack: ack, ACK: true, RST: rst, Options: opts}
 	return testpkt.IP(client, server, tcp)
 }
 
@@ -411,67 +543,184 @@ func TestAckValidation(t *testing.T) {
 	tuple4 := Tuple{netip.AddrPortFrom(client4, clientPort), netip.AddrPortFrom(server4, protectedPort)}
 	tuple6 := Tuple{netip.AddrPortFrom(client6, clientPort), netip.AddrPortFrom(server6, protectedPort)}
 	meta := func(gen uint64, v6 bool) uint32 { return Meta(1460, true, 7, true, true, false, gen, v6) }
+	const now = 5_000_000 // moat's clock when it sent the SYN-ACK, in ms: any value
 
 	// Generation 1 is installed by setup; make 2 current and 1 previous.
 	if err := InstallKey(objs.SynKeys, objs.SynRotation, 2, testKeys[1]); err != nil {
 		t.Fatal(err)
 	}
-	cur4 := Cookie(testKeys[1], tuple4, clientISN, meta(2, false))
-	prev4 := Cookie(testKeys[0], tuple4, clientISN, meta(1, false))
-	cur6 := Cookie(testKeys[1], tuple6, clientISN, meta(2, true))
-	// A cookie of generation 0 would sit in generation 2's slot: it stands
-	// for a key two rotations old.
-	old4 := Cookie(testKeys[2], tuple4, clientISN, meta(0, false))
+	cur4, ts4 := CookieTS(testKeys[1], tuple4, clientISN, meta(2, false), now)
+	prev4, prevTS4 := CookieTS(testKeys[0], tuple4, clientISN, meta(1, false), now)
+	cur6, ts6 := CookieTS(testKeys[1], tuple6, clientISN, meta(2, true), now)
+	plain4 := Cookie(testKeys[1], tuple4, clientISN, meta(2, false)) // SYN without timestamps
+	ack := func(cookie, tsecr uint32) []byte {
+		return ackFrameOpts(client4, server4, protectedPort, clientISN+1, cookie+1, false, tsOpts(tsecr))
+	}
+	noTS := func(cookie uint32) []byte {
+		return ackFrameOpts(client4, server4, protectedPort, clientISN+1, cookie+1, false, nil)
+	}
+	randomACK := testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, Seq: 99, Ack: 12345, ACK: true, Options: tsOpts(2)}
+	var routerAlerts []testpkt.IPv4Option
+	for range 10 {
+		routerAlerts = append(routerAlerts, testpkt.RouterAlert())
+	}
 
 	cases := []struct {
 		name  string
 		frame []byte
 		want  uint32
 	}{
-		{"valid cookie ipv4", ackFrame(client4, server4, protectedPort, clientISN+1, cur4+1, false), 2},
-		{"valid cookie ipv6", ackFrame(client6, server6, protectedPort, clientISN+1, cur6+1, false), 2},
-		{"previous key", ackFrame(client4, server4, protectedPort, clientISN+1, prev4+1, false), 2},
-		{"hash bit flipped", ackFrame(client4, server4, protectedPort, clientISN+1, cur4^(1<<20)+1, false), 1},
-		{"sack bit flipped", ackFrame(client4, server4, protectedPort, clientISN+1, cur4^sackBit+1, false), 1},
-		{"key bit flipped", ackFrame(client4, server4, protectedPort, clientISN+1, cur4^keyBit+1, false), 1},
-		{"other client isn", ackFrame(client4, server4, protectedPort, clientISN+2, cur4+1, false), 1},
-		{"key two rotations old", ackFrame(client4, server4, protectedPort, clientISN+1, old4+1, false), 1},
+		{"valid cookie ipv4", ack(cur4, ts4), 2},
+		{"valid cookie ipv6", ackFrameOpts(client6, server6, protectedPort, clientISN+1, cur6+1, false, tsOpts(ts6)), 2},
+		{"valid cookie without timestamps", noTS(plain4), 2},
+		{"previous key", ack(prev4, prevTS4), 2},
+		{"other clock bits in tsecr", ack(cur4, ts4^0xff00), 2},
+		{"tsecr hash bits wrong", ack(cur4, ts4^1), 1},
+		{"timestamps dropped from the ack", noTS(cur4), 1},
+		{"timestamps added to the ack", ack(plain4, ts4), 1},
+		{"hash bit flipped", ack(cur4^(1<<20), ts4), 1},
+		{"sack bit flipped", ack(cur4^sackBit, ts4), 1},
+		{"key bit flipped", ack(cur4^keyBit, ts4), 1},
+		{"other client isn", ackFrameOpts(client4, server4, protectedPort, clientISN+2, cur4+1, false, tsOpts(ts4)), 1},
 		{"random ack ipv6", ackFrame(client6, server6, protectedPort, 99, 12345, false), 1},
+		// Headers in front of TCP do not take an ACK past the filter.
+		{"random ack, ipv6 destination options", testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6,
+			Ext: []testpkt.IPv6Ext{testpkt.DestOpts{Options: []testpkt.IPv6TLV{{Type: 0x1e, Data: make([]byte, 20)}}}}}, L4: randomACK}.Bytes(), 1},
+		{"random ack, 40 bytes of ipv4 options", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, Options: routerAlerts}, L4: randomACK}.Bytes(), 1},
+		{"random ack, 4 bytes of ipv4 options", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, Options: routerAlerts[:1]}, L4: randomACK}.Bytes(), 1},
 		{"rst is not filtered", ackFrame(client4, server4, protectedPort, 99, 12345, true), 2},
 		{"unprotected port", ackFrame(client4, server4, unprotectedPort, 99, 12345, false), 2},
 		{"never mode port", ackFrame(client4, server4, neverPort, 99, 12345, false), 2},
+		// No socket at all: not a local listener's (a container behind
+		// this device, DNAT, a routed flow), so not moat's to drop.
+		{"no listener", ackFrame(client4, server4, noListenerPort, 99, 12345, false), 2},
 	}
-	inScratchNetns(t, func() {
-		for _, c := range cases {
-			t.Run(c.name, func(t *testing.T) {
-				if ret, _ := run(t, objs.MoatFilter, c.frame); ret != c.want {
-					t.Fatalf("verdict %d, want %d", ret, c.want)
-				}
-			})
+	var drops uint64
+	var frames [][]byte
+	for _, c := range cases {
+		frames = append(frames, c.frame)
+		if c.want == 1 {
+			drops++
 		}
+	}
+	rets, _ := verdicts(t, objs.MoatFilter, frames)
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if rets[i] != c.want {
+				t.Fatalf("verdict %d, want %d", rets[i], c.want)
+			}
+		})
+	}
+	withListener(t, func() {
 		// After one more rotation the generation-1 cookie is two old.
 		if err := InstallKey(objs.SynKeys, objs.SynRotation, 3, testKeys[2]); err != nil {
 			t.Fatal(err)
 		}
-		if ret, _ := run(t, objs.MoatFilter, ackFrame(client4, server4, protectedPort, clientISN+1, prev4+1, false)); ret != 1 {
+		drops++
+		if ret, _ := run(t, objs.MoatFilter, ack(prev4, prevTS4)); ret != 1 {
 			t.Errorf("generation-1 cookie after two rotations: verdict %d, want XDP_DROP", ret)
 		}
-		if ret, _ := run(t, objs.MoatFilter, ackFrame(client4, server4, protectedPort, clientISN+1, cur4+1, false)); ret != 2 {
+		if ret, _ := run(t, objs.MoatFilter, ack(cur4, ts4)); ret != 2 {
 			t.Errorf("generation-2 cookie after one rotation: verdict %d, want XDP_PASS", ret)
 		}
 	})
-	st, err := Status(objs.SynPorts, objs.SynStats)
+	st := portStatus(t, objs, protectedPort)
+	if st.ACKsDropped != drops || st.CookiesRejected != drops {
+		t.Errorf("acks dropped %d, cookies rejected %d, want %d", st.ACKsDropped, st.CookiesRejected, drops)
+	}
+}
+
+// TestUnwrittenKeySlotSignsNothing: at generation 1 the other key slot was
+// never a generation's key. If it holds zeros (a control plane that wrote
+// one slot), a cookie computed with the all-zero key must not pass; and
+// InstallKey fills it with a random key all the same.
+func TestUnwrittenKeySlotSignsNothing(t *testing.T) {
+	tuple := Tuple{netip.AddrPortFrom(client4, clientPort), netip.AddrPortFrom(server4, protectedPort)}
+	zeroMeta := Meta(1460, true, 7, true, true, false, 0, false) // key bit 0: slot 0
+	forged := Cookie(Key{}, tuple, clientISN, zeroMeta)
+	genuine := Cookie(testKeys[0], tuple, clientISN, Meta(1460, true, 7, true, true, false, 1, false))
+	noTS := func(cookie uint32) []byte {
+		return ackFrameOpts(client4, server4, protectedPort, clientISN+1, cookie+1, false, nil)
+	}
+	for _, how := range []string{"slot 1 written alone", "InstallKey"} {
+		t.Run(how, func(t *testing.T) {
+			objs := loadObjects(t)
+			if how == "InstallKey" {
+				if err := InstallKey(objs.SynKeys, objs.SynRotation, 1, testKeys[0]); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err := objs.SynKeys.Update(uint32(1), datapath.MoatSynKey{K0: testKeys[0].K0, K1: testKeys[0].K1}, ebpf.UpdateAny); err != nil {
+					t.Fatal(err)
+				}
+				var ts unix.Timespec
+				_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+				if err := objs.SynRotation.Update(uint32(0), datapath.MoatSynKeyState{Generation: 1, RotatedNs: uint64(ts.Nano())}, ebpf.UpdateAny); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := Protect(objs.SynPorts, objs.SynStats, protectedPort, ModeAlways, 0); err != nil {
+				t.Fatal(err)
+			}
+			withListener(t, func() {
+				if ret, _ := run(t, objs.MoatFilter, noTS(forged)); ret != 1 {
+					t.Errorf("cookie under the all-zero key of slot 0: verdict %d, want XDP_DROP", ret)
+				}
+				if ret, _ := run(t, objs.MoatFilter, noTS(genuine)); ret != 2 {
+					t.Errorf("cookie under the generation-1 key: verdict %d, want XDP_PASS", ret)
+				}
+			})
+		})
+	}
+}
+
+// TestStaleKeysFailOpen: when the last rotation is older than 2.5 rotation
+// periods the rotator is taken for dead: SYNs go to the kernel (counted)
+// and moat cookies are refused, until the period allows the age again.
+func TestStaleKeysFailOpen(t *testing.T) {
+	objs := setup(t)
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	age := 3 * DefaultRotation // > StaleAfter(DefaultRotation)
+	if err := objs.SynRotation.Update(uint32(0), datapath.MoatSynKeyState{
+		Generation: 1, RotatedNs: uint64(ts.Nano()) - uint64(age)}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	tuple := Tuple{netip.AddrPortFrom(client4, clientPort), netip.AddrPortFrom(server4, protectedPort)}
+	cookie := Cookie(testKeys[0], tuple, clientISN, Meta(1460, true, 7, true, true, false, 1, false))
+	syn := synFrame(nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(1460)}})
+	ack := ackFrameOpts(client4, server4, protectedPort, clientISN+1, cookie+1, false, nil)
+
+	ks, err := Keys(objs.SynRotation, objs.SynSettings)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var drops uint64
-	for _, s := range st {
-		if s.Port == protectedPort {
-			drops = s.ACKsDropped
-		}
+	if !ks.Stale || ks.Age < age || ks.Age > age+time.Minute || ks.Rotations != 1 {
+		t.Errorf("key status %+v, want stale, about %s old", ks, age)
 	}
-	if drops != 7 {
-		t.Errorf("acks dropped counter %d, want 7", drops)
+	withListener(t, func() {
+		if ret, _ := run(t, objs.MoatFilter, syn); ret != 2 {
+			t.Errorf("SYN with stale keys: verdict %d, want XDP_PASS", ret)
+		}
+		if ret, _ := run(t, objs.MoatFilter, ack); ret != 1 {
+			t.Errorf("moat cookie with stale keys: verdict %d, want XDP_DROP", ret)
+		}
+		// A longer period makes the same age fresh.
+		if err := SetRotationPeriod(objs.SynSettings, 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if ret, _ := run(t, objs.MoatFilter, ack); ret != 2 {
+			t.Errorf("moat cookie, 10m period: verdict %d, want XDP_PASS", ret)
+		}
+		if ret, _ := run(t, objs.MoatFilter, syn); ret != 3 {
+			t.Errorf("SYN, 10m period: verdict %d, want XDP_TX", ret)
+		}
+	})
+	if ks, err := Keys(objs.SynRotation, objs.SynSettings); err != nil || ks.Stale || ks.Period != 10*time.Minute {
+		t.Errorf("key status %+v (%v), want fresh with a 10m period", ks, err)
+	}
+	if st := portStatus(t, objs, protectedPort); st.StaleKeySYNs != 1 || st.CookiesIssued != 1 {
+		t.Errorf("status %+v: want 1 stale-key SYN and 1 cookie", st)
 	}
 }
 
@@ -500,7 +749,7 @@ func TestAutoModeSwitches(t *testing.T) {
 		t.Fatal("port missing from status")
 		return PortStatus{}
 	}
-	inScratchNetns(t, func() {
+	withListener(t, func() {
 		if ret, _ := run(t, objs.MoatFilter, syn); ret != 2 {
 			t.Fatalf("first SYN: verdict %d, want XDP_PASS (no flood)", ret)
 		}
@@ -517,6 +766,11 @@ func TestAutoModeSwitches(t *testing.T) {
 			t.Fatalf("random ACK during flood: verdict %d, want XDP_DROP", ret)
 		}
 		time.Sleep(300 * time.Millisecond)
+		// No SYN since: the data path still has the flag set, but the
+		// hold time is over and status says so.
+		if s := state(); s.Flooding {
+			t.Fatalf("status %+v after the hold time, want not flooding", s)
+		}
 		if ret, _ := run(t, objs.MoatFilter, syn); ret != 2 {
 			t.Fatalf("SYN after the hold time: verdict %d, want XDP_PASS", ret)
 		}

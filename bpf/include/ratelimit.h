@@ -1,0 +1,460 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* Per-source rate limits, flood budgets, heavy-hitter sampling and the
+ * attack shape. rl_check runs after the allow and deny lists: allowlisted
+ * sources are never limited, and a source that a limit blocks is in the
+ * denylist from its next packet on.
+ *
+ * Buckets are GCRA (one theoretical-arrival-time word per unit, updated
+ * with compare-and-swap), equivalent to a token bucket that starts full.
+ * A source gets a bucket only after a gate lets it through (see
+ * enum rl_gate), so a flood of packets from random addresses, each seen
+ * once, does not fill and churn the per-source map. */
+#ifndef MOAT_RATELIMIT_H
+#define MOAT_RATELIMIT_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "moat_maps.h"
+#include "parsing.h"
+#include "policy.h"
+#include "tcp_options.h"
+#include "ratelimit_structs.h"
+#include "ratelimit_maps.h"
+
+/* Tries at a contended compare-and-swap before a bucket counts as empty. */
+#define RL_CAS_TRIES 3
+
+/* Types the control plane needs but no map declares. */
+struct rl_exported_types {
+	enum rl_kind kind;
+	enum rl_rule_flags flags;
+	enum rl_result result;
+	enum rl_gate gate;
+};
+const struct rl_exported_types *unused_rl_exported_types __attribute__((unused));
+
+/* Takes cost units from the bucket at *tat: 1 if they conform. A packet
+ * that does not conform leaves the bucket as it was (no debt). */
+static __always_inline int rl_take(__u64 *tat, __u64 now, __u64 interval, __u64 tolerance,
+				   __u64 cost)
+{
+	__u64 inc = (cost * interval) >> RL_FP_SHIFT;
+	__u64 old, next;
+	int i;
+
+	if (!interval)
+		return 1;
+#pragma unroll
+	for (i = 0; i < RL_CAS_TRIES; i++) {
+		old = *(volatile __u64 *)tat;
+		next = (old > now ? old : now) + inc;
+		if (next - now > tolerance)
+			return 0;
+		if (__sync_val_compare_and_swap(tat, old, next) == old)
+			return 1;
+	}
+	return 0;
+}
+
+/* Both units of a bucket. A packet refused for its bytes has spent its
+ * packet token: the two limits bind together, which errs on the strict side. */
+static __always_inline int rl_conform(struct rl_bucket *b, const struct rl_rule *r, __u64 now,
+				      __u32 len)
+{
+	return rl_take(&b->tat_pkts, now, r->pkt_interval, r->pkt_tolerance, 1) &&
+	       rl_take(&b->tat_bytes, now, r->byte_interval, r->byte_tolerance, len);
+}
+
+/* The source address as a bucket key: IPv4 /32, IPv6 masked to plen. */
+static __always_inline void rl_key_of(const struct packet *p, struct rl_src_key *k, __u32 plen)
+{
+	__u64 hi, lo;
+
+	if (p->family == 4) {
+		__builtin_memcpy(k->addr, p->saddr, 4);
+		k->family = 4;
+		k->prefixlen = 32;
+		return;
+	}
+	if (plen > 128)
+		plen = 128;
+	__builtin_memcpy(&hi, p->saddr, 8);
+	__builtin_memcpy(&lo, p->saddr + 8, 8);
+	hi = bpf_be64_to_cpu(hi);
+	lo = bpf_be64_to_cpu(lo);
+	if (plen == 0) {
+		hi = 0;
+		lo = 0;
+	} else if (plen <= 64) {
+		hi &= ~0ULL << (64 - plen);
+		lo = 0;
+	} else if (plen < 128) {
+		lo &= ~0ULL << (128 - plen);
+	}
+	hi = bpf_cpu_to_be64(hi);
+	lo = bpf_cpu_to_be64(lo);
+	__builtin_memcpy(k->addr, &hi, 8);
+	__builtin_memcpy(k->addr + 8, &lo, 8);
+	k->family = 6;
+	k->prefixlen = plen;
+}
+
+/* A 64-bit mix of the key; its halves index the two sketch rows. Not keyed:
+ * a collision can only make a source get its bucket sooner. */
+static __always_inline __u64 rl_hash(const struct rl_src_key *k)
+{
+	__u64 h = 0x9e3779b97f4a7c15ULL;
+	__u32 w[5];
+	int i;
+
+	__builtin_memcpy(w, k, sizeof(w));
+#pragma unroll
+	for (i = 0; i < 5; i++) {
+		h = (h ^ w[i]) * 0xff51afd7ed558ccdULL;
+		h ^= h >> 32;
+	}
+	return h;
+}
+
+/* Counts a packet of the key in the sketch and returns the estimate of its
+ * packets in the current window, this one included. */
+static __always_inline __u32 rl_sketch_add(__u64 h, __u64 now)
+{
+	__u32 window = now >> RL_WINDOW_SHIFT;
+	__u32 est = ~0U;
+	int row;
+
+#pragma unroll
+	for (row = 0; row < RL_SKETCH_ROWS; row++) {
+		__u32 idx = row * RL_SKETCH_WIDTH + ((h >> (row * 32)) & (RL_SKETCH_WIDTH - 1));
+		__u64 *cell = bpf_map_lookup_elem(&rl_sketch, &idx);
+		__u64 old;
+		__u32 n;
+
+		if (!cell)
+			return 0;
+		old = *(volatile __u64 *)cell;
+		n = (__u32)(old >> 32) == window ? (__u32)old + 1 : 1;
+		/* One try: a count lost to a race only delays the bucket. */
+		__sync_val_compare_and_swap(cell, old, (__u64)window << 32 | n);
+		if (n < est)
+			est = n;
+	}
+	return est;
+}
+
+/* Writes the denylist entry of an auto-block: the source (or its IPv6
+ * prefix) until now + block_ns, with the rule's reason as its comment. */
+static __always_inline void rl_block(const struct rl_src_key *k, struct rl_rule *r, __u64 now,
+				     struct rl_rule_stats *st)
+{
+	struct prefix_rule v = {
+		.expires_ns = now + r->block_ns,
+		.prefixlen = k->prefixlen,
+		.flags = RULE_F_AUTO,
+	};
+	struct comment_key ck = { .list = 1, .family = k->family, .prefixlen = k->prefixlen };
+	long err;
+
+	__builtin_memcpy(ck.addr, k->addr, 16);
+	/* The comment first, so that the entry is never listed without it. */
+	if (bpf_map_update_elem(&comments, &ck, &r->reason, BPF_ANY) == 0)
+		v.flags |= RULE_F_COMMENT;
+	if (k->family == 4) {
+		err = bpf_map_update_elem(&deny_v4_hosts, k->addr, &v, BPF_ANY);
+	} else if (k->prefixlen == 128) {
+		err = bpf_map_update_elem(&deny_v6_hosts, k->addr, &v, BPF_ANY);
+	} else {
+		struct net_v6 nk = { .prefixlen = k->prefixlen };
+
+		__builtin_memcpy(nk.addr, k->addr, 16);
+		err = bpf_map_update_elem(&deny_v6_nets, &nk, &v, BPF_ANY);
+	}
+	if (err)
+		st->block_errors++;
+	else
+		st->blocks++;
+}
+
+/* A per-source limit. */
+static __always_inline int rl_source(const struct packet *p, __u32 id, struct rl_rule *r,
+				     const struct rl_config *set, __u64 now, __u32 len,
+				     struct rl_rule_stats *st)
+{
+	struct rl_src_key key = {};
+	struct rl_src_state *s;
+	__u32 seen = 1;
+
+	rl_key_of(p, &key, r->v6_prefix);
+	key.rule = id;
+	s = bpf_map_lookup_elem(&rl_sources, &key);
+	if (!s) {
+		struct rl_src_state fresh = {};
+		__u32 gate = set ? set->gate : RL_GATE_SKETCH;
+		__u32 track = r->track_pkts;
+
+		if (track > 1 && gate == RL_GATE_SKETCH) {
+			seen = rl_sketch_add(rl_hash(&key), now);
+			if (seen < track) {
+				st->untracked++;
+				return RL_PASS;
+			}
+			seen = track; /* more is sketch noise, not this source's */
+		} else if (track > 1 && gate == RL_GATE_SAMPLE) {
+			/* 1 in track (a power of two): a source gets its bucket
+			 * after track packets on average. */
+			if (bpf_get_prandom_u32() & (track - 1)) {
+				st->untracked++;
+				return RL_PASS;
+			}
+			seen = track;
+		}
+		/* What the gate let through is charged to the new bucket, so
+		 * the gate does not add to the burst. */
+		fresh.bucket.tat_pkts = now + (((__u64)(seen - 1) * r->pkt_interval) >> RL_FP_SHIFT);
+		fresh.bucket.tat_bytes =
+			now + (((__u64)(seen - 1) * len * r->byte_interval) >> RL_FP_SHIFT);
+		fresh.created_ns = now;
+		bpf_map_update_elem(&rl_sources, &key, &fresh, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&rl_sources, &key);
+		if (!s)
+			return RL_PASS;
+		st->tracked++;
+	}
+	if (rl_conform(&s->bucket, r, now, len)) {
+		__sync_fetch_and_add(&s->passed, 1);
+		return RL_PASS;
+	}
+	__sync_fetch_and_add(&s->dropped, 1);
+	if (r->block_ns)
+		rl_block(&key, r, now, st);
+	return RL_DROP_SOURCE;
+}
+
+static __always_inline int rl_is_syn(const struct packet *p)
+{
+	return p->l4proto == IPPROTO_TCP && p->has_l4 && (p->tcp_flags & 0x12) == 0x02;
+}
+
+/* Frame size histogram bucket. */
+static __always_inline __u32 shape_size_bucket(__u32 len)
+{
+	if (len <= 64)
+		return 0;
+	if (len <= 128)
+		return 1;
+	if (len <= 256)
+		return 2;
+	if (len <= 512)
+		return 3;
+	if (len <= 1024)
+		return 4;
+	if (len <= 1518)
+		return 5;
+	if (len <= 9018)
+		return 6;
+	return 7;
+}
+
+/* Counts the packet in the attack shape. TCP options are walked for SYNs
+ * only: they are what tells one SYN flood tool from another, and walking
+ * them on every segment would cost every connection. */
+static __always_inline void shape_count(struct xdp_md *ctx, const struct packet *p, __u32 len)
+{
+	struct attack_shape *s;
+	struct shape_port_block *ports;
+	__u32 zero = 0, idx, block;
+
+	s = bpf_map_lookup_elem(&shape, &zero);
+	if (!s)
+		return;
+	s->sizes[shape_size_bucket(len) & (SHAPE_SIZE_BUCKETS - 1)]++;
+	if (p->fragment)
+		s->fragments++;
+	switch (p->l4proto) {
+	case IPPROTO_TCP:
+		s->protocols[0]++;
+		break;
+	case IPPROTO_UDP:
+		s->protocols[1]++;
+		break;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		s->protocols[2]++;
+		break;
+	default:
+		s->protocols[3]++;
+	}
+	if (!p->has_l4)
+		return;
+
+	switch (p->l4proto) {
+	case IPPROTO_TCP:
+		idx = p->dport;
+		break;
+	case IPPROTO_UDP:
+		idx = 65536 + p->dport;
+		break;
+	case IPPROTO_ICMP:
+		idx = 2 * 65536 + (p->dport & 0xff);
+		break;
+	case IPPROTO_ICMPV6:
+		idx = 2 * 65536 + 256 + (p->dport & 0xff);
+		break;
+	default:
+		return;
+	}
+	block = idx / SHAPE_PORT_BLOCK;
+	ports = bpf_map_lookup_elem(&shape_ports, &block);
+	if (ports)
+		ports->packets[idx & (SHAPE_PORT_BLOCK - 1)]++;
+
+	if (p->l4proto == IPPROTO_TCP) {
+		__u8 doff;
+		__u32 optlen;
+
+		s->tcp_flags[p->tcp_flags]++;
+		/* The header is whole (parse_l4); a copy of its offset byte
+		 * spares the verifier a variable-offset packet pointer. */
+		if (bpf_xdp_load_bytes(ctx, p->l4_off + 12, &doff, 1))
+			return;
+		optlen = (doff >> 4) * 4;
+		optlen = optlen > sizeof(struct tcphdr) ? optlen - sizeof(struct tcphdr) : 0;
+		if (!rl_is_syn(p)) {
+			if (optlen)
+				s->tcp_options++;
+			else
+				s->tcp_no_options++;
+			return;
+		}
+		if (optlen >= 1 && optlen <= TCP_MAX_OPTLEN) {
+			struct tcp_opt_walk w = {};
+			__u32 combo;
+
+			if (bpf_xdp_load_bytes(ctx, p->l4_off + sizeof(struct tcphdr), w.buf,
+					       ((optlen - 1) & TCP_OPTBUF_MASK) + 1))
+				return;
+			w.len = optlen;
+			parse_tcp_options(&w);
+			combo = (w.opts.has_mss ? 1 : 0) | (w.opts.has_wscale ? 2 : 0) |
+				(w.opts.sack_ok ? 4 : 0) | (w.opts.has_ts ? 8 : 0);
+			s->syn_options[combo & 15]++;
+		} else {
+			s->syn_options[0]++;
+		}
+	}
+}
+
+/* Samples the packet into the heavy-hitter map. */
+static __always_inline void hh_count(const struct packet *p, __u32 len, int dropped, __u64 now)
+{
+	struct rl_src_key key = {};
+	struct hh_counts *c;
+
+	rl_key_of(p, &key, HH_V6_PREFIX);
+	c = bpf_map_lookup_elem(&hh_sources, &key);
+	if (!c) {
+		struct hh_counts zero = {};
+
+		bpf_map_update_elem(&hh_sources, &key, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&hh_sources, &key);
+		if (!c)
+			return;
+	}
+	__sync_fetch_and_add(&c->packets, 1);
+	__sync_fetch_and_add(&c->bytes, len);
+	if (dropped)
+		__sync_fetch_and_add(&c->dropped, 1);
+	c->last_ns = now;
+}
+
+/* Fills in the rules of the scope slot s where the more specific slots
+ * had none. */
+static __always_inline void rl_fill(const struct rl_slot *s, __u32 *src, __u32 *bud)
+{
+	if (!s)
+		return;
+	if (!*src)
+		*src = s->source;
+	if (!*bud)
+		*bud = s->budget;
+}
+
+/* The rate-limit stage: returns RL_PASS or why the packet is dropped. A
+ * global function, so the verifier checks it once, apart from the rest of
+ * the program. */
+__attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
+{
+	__u32 len = ctx->data_end - ctx->data;
+	__u64 now = bpf_ktime_get_boot_ns();
+	struct rl_config *set;
+	struct rl_rule_stats *st;
+	struct rl_rule *r;
+	__u32 zero = 0, all = RL_CLASS_ALL, src = 0, bud = 0, idx;
+	int class = -1, res = RL_PASS;
+
+	if (!p)
+		return RL_PASS;
+	set = bpf_map_lookup_elem(&rl_settings, &zero);
+	if (p->has_l4)
+		class = port_class(p);
+	if (class >= 0) {
+		idx = ((__u32)class << 16) | p->dport;
+		rl_fill(bpf_map_lookup_elem(&rl_port_scopes, &idx), &src, &bud);
+		idx = class;
+		rl_fill(bpf_map_lookup_elem(&rl_class_scopes, &idx), &src, &bud);
+	}
+	rl_fill(bpf_map_lookup_elem(&rl_class_scopes, &all), &src, &bud);
+
+	/* The source limit first: a source over its own limit must not spend
+	 * the budget that everyone else shares. */
+	if (src) {
+		r = bpf_map_lookup_elem(&rl_rules, &src);
+		st = bpf_map_lookup_elem(&rl_stats, &src);
+		if (r && st && r->kind == RL_KIND_SOURCE &&
+		    (!(r->flags & RL_F_SYN_ONLY) || rl_is_syn(p))) {
+			res = rl_source(p, src, r, set, now, len, st);
+			if (res == RL_PASS) {
+				st->passed++;
+				st->passed_bytes += len;
+			} else {
+				st->dropped++;
+				st->dropped_bytes += len;
+			}
+		}
+	}
+	if (res == RL_PASS && bud) {
+		r = bpf_map_lookup_elem(&rl_rules, &bud);
+		st = bpf_map_lookup_elem(&rl_stats, &bud);
+		idx = bud;
+		if (r && st && r->kind == RL_KIND_BUDGET &&
+		    (!(r->flags & RL_F_SYN_ONLY) || rl_is_syn(p))) {
+			struct rl_bucket *b = bpf_map_lookup_elem(&rl_budgets, &idx);
+
+			if (b && !rl_conform(b, r, now, len)) {
+				res = RL_DROP_BUDGET;
+				st->dropped++;
+				st->dropped_bytes += len;
+			} else {
+				st->passed++;
+				st->passed_bytes += len;
+			}
+		}
+	}
+
+	if (set) {
+		__u32 log2 = set->hh_sample ? set->hh_sample - 1 : HH_DEFAULT_SAMPLE_LOG2;
+
+		if (!set->shape_off)
+			shape_count(ctx, p, len);
+		if (log2 > HH_MAX_SAMPLE_LOG2)
+			log2 = HH_MAX_SAMPLE_LOG2;
+		if (!set->hh_off && !(bpf_get_prandom_u32() & ((1U << log2) - 1)))
+			hh_count(p, len, res != RL_PASS, now);
+	}
+	return res;
+}
+
+#endif /* MOAT_RATELIMIT_H */

@@ -1,0 +1,345 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Results is everything one run measured; results.json is this, and
+// results.md is written from it.
+type Results struct {
+	Started   time.Time       `json:"started"`
+	Finished  time.Time       `json:"finished"`
+	Quick     bool            `json:"quick"`
+	Machine   Machine         `json:"machine"`
+	Config    ConfigDesc      `json:"config"`
+	Setup     SetupTimes      `json:"setup"`
+	Drop      *DropResult     `json:"drop_path,omitempty"`
+	Syn       *SynResult      `json:"syn_flood,omitempty"`
+	Legit     *LegitResult    `json:"legit_under_attack,omitempty"`
+	PathCost  *PathCostResult `json:"path_cost,omitempty"`
+	Durations []PhaseTime     `json:"phase_durations"`
+	Errors    []string        `json:"errors,omitempty"`
+}
+
+// SetupTimes are how long each contender took to take the denylist.
+type SetupTimes struct {
+	MoatLoad      string `json:"moat_denylist_load,omitempty"`
+	NftLoad       string `json:"nft_sets_load,omitempty"`
+	XDPFilterLoad string `json:"xdp_filter_addresses_load,omitempty"`
+}
+
+// PhaseTime is how long one comparison took.
+type PhaseTime struct {
+	Phase    string `json:"phase"`
+	Duration string `json:"duration"`
+}
+
+// ConfigDesc is the run's configuration as recorded.
+type ConfigDesc struct {
+	Command       string    `json:"command"`
+	Rounds        int       `json:"rounds"`
+	DropFrames    uint64    `json:"drop_frames"`
+	DenySize      int       `json:"deny_size"`
+	FloodSources  string    `json:"flood_sources"`
+	SynDuration   string    `json:"syn_duration"`
+	LegitRounds   int       `json:"legit_rounds"`
+	LegitWindow   string    `json:"legit_window"`
+	LegitRates    []float64 `json:"legit_rates"`
+	LegitRate     int       `json:"legit_requests_per_second"`
+	LegitWorkers  int       `json:"legit_max_in_flight"`
+	PathBenchtime string    `json:"path_benchtime"`
+	Phases        []string  `json:"phases"`
+}
+
+func describeConfig(c Config) ConfigDesc {
+	return ConfigDesc{
+		Command: strings.Join(os.Args, " "), Rounds: c.Rounds, DropFrames: c.DropFrames, DenySize: c.DenySize,
+		FloodSources: c.FloodSources.String(), SynDuration: c.SynDuration.String(),
+		LegitRounds: c.LegitRounds, LegitWindow: c.LegitWindow.String(), LegitRates: c.LegitRates,
+		LegitRate: c.LegitRate, LegitWorkers: c.LegitWorkers, PathBenchtime: c.PathBenchtime, Phases: c.Phases,
+	}
+}
+
+// write puts results.json, the plots and results.md in the output directory.
+func (b *Bench) write() error {
+	if err := os.MkdirAll(b.cfg.Out, 0o755); err != nil {
+		return err
+	}
+	if b.res.Legit != nil && len(b.res.Legit.Points) > 0 {
+		name := "legit-under-attack.png"
+		if err := plotLegit(b.res.Legit, filepath.Join(b.cfg.Out, name)); err != nil {
+			b.res.Errors = append(b.res.Errors, "plot: "+err.Error())
+		} else {
+			b.res.Legit.Plot = name
+		}
+	}
+	js, err := json.MarshalIndent(b.res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(b.cfg.Out, "results.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(b.cfg.Out, "results.md"), []byte(b.res.Markdown()), 0o644)
+}
+
+// jsonFloat turns NaN and infinities, which encoding/json refuses, into
+// null: a measurement that has no value.
+func jsonFloat(v float64) any {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return v
+}
+
+func (s Summary) MarshalJSON() ([]byte, error) {
+	vals := make([]any, len(s.Values))
+	for i, v := range s.Values {
+		vals[i] = jsonFloat(v)
+	}
+	return json.Marshal(struct {
+		Median any   `json:"median"`
+		Min    any   `json:"min"`
+		Max    any   `json:"max"`
+		Values []any `json:"values"`
+	}{jsonFloat(s.Median), jsonFloat(s.Min), jsonFloat(s.Max), vals})
+}
+
+func (r LegitRound) MarshalJSON() ([]byte, error) {
+	type plain LegitRound // without this method
+	return json.Marshal(struct {
+		plain
+		P50ms any `json:"p50_ms"`
+		P99ms any `json:"p99_ms"`
+	}{plain(r), jsonFloat(r.P50ms), jsonFloat(r.P99ms)})
+}
+
+func mpps(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.3f", v/1e6)
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f%%", 100*v)
+}
+
+func ms(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	if v >= 100 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func spread(s Summary, f func(float64) string) string {
+	return fmt.Sprintf("%s (%s – %s)", f(s.Median), f(s.Min), f(s.Max))
+}
+
+// Markdown renders the results for a reader who runs nothing.
+func (r *Results) Markdown() string {
+	var w strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
+	m := r.Machine
+
+	p("# moat benchmarks\n\n")
+	p("Written by `make bench` (`go run ./cmd/moat-bench -out bench`), started %s UTC, finished %s UTC.\n\n",
+		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("2006-01-02 15:04:05"))
+	if r.Quick {
+		p("**This is a quick smoke run (`-quick`): small counts and a small denylist. Do not quote these figures.**\n\n")
+	}
+	p("## Machine\n\n| | |\n|---|---|\n")
+	p("| CPU | %s |\n| vCPUs | %d |\n| hypervisor | %s |\n| memory | %d MiB |\n| kernel | %s |\n| Go | %s |\n| moat commit | %s |\n",
+		m.CPU, m.VCPUs, orNone(m.Hypervisor), m.MemoryMB, m.Kernel, m.Go, orNone(m.Commit))
+	for _, k := range []string{"nftables", "xdp-tools"} {
+		p("| %s | %s |\n", k, orNone(m.Tools[k]))
+	}
+	p("| load average (1, 5, 15 min) before / after | %s / %s |\n\n", m.LoadBefore, m.LoadAfter)
+	p("Everything runs in network namespaces on this one machine: an attacker, a client and a server joined by veth pairs (internal/lab). " +
+		"Frames are generated in the kernel by `moat flood` (BPF_PROG_TEST_RUN with live frames) on one thread pinned to CPU 0. " +
+		"On veth, the receiver of a frame runs on the sender's CPU, inside the generator's batches, so the generator's rate is the rate at which the receiver keeps up; " +
+		"absolute numbers are for this machine only, the ratios are what carries over. " +
+		"Each comparison alternates its contenders within every repetition, so drift of the machine spreads over all of them. " +
+		"Figures are median (min – max) over the repetitions.\n\n")
+
+	if r.Drop != nil && len(r.Drop.Goals) > 0 {
+		p("## Goals\n\n| goal | measured | met |\n|---|---|---|\n")
+		for _, g := range r.Drop.Goals {
+			p("| %s | %s | %s |\n", g.Goal, g.Actual, yesNo(g.Met))
+		}
+		p("\n")
+	}
+	if d := r.Drop; d != nil {
+		r.dropMarkdown(&w, d)
+	}
+	if s := r.Syn; s != nil {
+		synMarkdown(&w, s)
+	}
+	if l := r.Legit; l != nil {
+		legitMarkdown(&w, l)
+	}
+	if pc := r.PathCost; pc != nil {
+		pathCostMarkdown(&w, pc)
+	}
+
+	p("## Run\n\n")
+	p("Configuration: %d repetitions (drop path, SYN flood), %d frames per drop-path run, denylist of %d prefixes, flood sources %s, SYN floods of %s, %d legit rounds of %s per point.\n\n",
+		r.Config.Rounds, r.Config.DropFrames, r.Config.DenySize, r.Config.FloodSources, r.Config.SynDuration, r.Config.LegitRounds, r.Config.LegitWindow)
+	if r.Setup != (SetupTimes{}) {
+		p("Loading the denylist: moat %s (batched map updates through internal/shield), nftables %s (`nft -f` of the interval sets), xdp-filter %s (one `xdp-filter ip` per address).\n\n",
+			orNone(r.Setup.MoatLoad), orNone(r.Setup.NftLoad), orNone(r.Setup.XDPFilterLoad))
+	}
+	if len(r.Durations) > 0 {
+		p("| phase | time |\n|---|---|\n")
+		for _, d := range r.Durations {
+			p("| %s | %s |\n", d.Phase, d.Duration)
+		}
+		p("\n")
+	}
+	if len(r.Errors) > 0 {
+		p("**Errors:**\n\n")
+		for _, e := range r.Errors {
+			p("- %s\n", strings.ReplaceAll(e, "\n", " "))
+		}
+		p("\n")
+	}
+	return w.String()
+}
+
+func (r *Results) dropMarkdown(w *strings.Builder, d *DropResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## 1. Drop path\n\n")
+	p("Flood: %s; %d frames per run, %d repetitions; %s.\n\n", d.Flood, d.Frames, d.Rounds, d.Order)
+	p("| receiver | Mpps | ratio to XDP_DROP floor | frames dropped by the receiver's own counter |\n|---|---|---|---|\n")
+	for _, rx := range d.Receivers {
+		var sent, dropped uint64
+		verified := 0
+		for _, run := range rx.Runs {
+			sent += run.Sent
+			dropped += run.Dropped
+			if run.Verified {
+				verified++
+			}
+		}
+		check := fmt.Sprintf("%d of %d sent (%d/%d runs verified)", dropped, sent, verified, len(rx.Runs))
+		p("| %s | %s | %s | %s |\n", rx.Name, spread(rx.PPS, mpps), spread(rx.RatioToFloor, pct), check)
+	}
+	p("\nWhat ran:\n\n")
+	for _, rx := range d.Receivers {
+		p("- **%s**: %s.\n", rx.Name, rx.What)
+	}
+	p("\n")
+}
+
+func synMarkdown(w *strings.Builder, s *SynResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## 2. SYN flood\n\n")
+	p("Flood: %s; %d repetitions, alternating. SYN-ACKs are counted where they arrive, by an XDP program on the attacker's interface (the spoofed range is routed there), and divided by the flood's duration.\n\n", s.Flood, s.Rounds)
+	p("| defence | SYN-ACKs sent per second (M) | SYNs sent per second (M) | SYNs answered | SYN-ACKs counted / the defence's own count |\n|---|---|---|---|---|\n")
+	for _, c := range s.Contenders {
+		var counted, own, sent uint64
+		name := ""
+		for _, r := range c.Runs {
+			counted += r.SynAcks
+			own += r.OwnCount
+			sent += r.SynsSent
+			name = r.OwnCounter
+		}
+		p("| %s | %s | %s | %s | %d / %d (%s) |\n", c.Name, spread(c.SynAckPPS, mpps), spread(c.SynPPS, mpps),
+			pct(float64(counted)/float64(max(sent, 1))), counted, own, name)
+	}
+	if s.MoatNote != "" {
+		p("| moat | pending | | | |\n")
+	}
+	p("\nWhat ran:\n\n")
+	for _, c := range s.Contenders {
+		p("- **%s**: %s.\n", c.Name, c.What)
+	}
+	if s.MoatNote != "" {
+		p("- **moat SYN cookies: pending.** %s\n", s.MoatNote)
+	}
+	p("\n")
+	for _, n := range s.Notes {
+		p("**Note:** %s.\n\n", n)
+	}
+}
+
+func legitMarkdown(w *strings.Builder, l *LegitResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## 3. Legitimate service under attack\n\n")
+	p("Flood: %s. Generator maximum: %s Mpps (the same SYN flood, uncapped, into the XDP_DROP floor; median of 3).\n\n", l.Flood, spread(l.GeneratorMax, mpps))
+	p("Receiving: %s.\n\n", l.Receive)
+	p("Clients: %s.\n\n", l.Client)
+	for _, wt := range l.What {
+		p("- %s.\n", wt)
+	}
+	p("\n")
+	if l.Plot != "" {
+		p("![legitimate requests under a SYN flood](%s)\n\n", l.Plot)
+	}
+	p("\"offered\" is what the generator sent, \"taken\" what fitted in the server's receive ring; the rest was dropped at the full ring before any filter saw it.\n\n")
+	p("| clients | flood | defence | offered (Mpps) | taken (Mpps) | requests answered | p50 (ms) | p99 (ms) |\n|---|---|---|---|---|---|---|---|\n")
+	for _, pt := range l.Points {
+		rate := "none"
+		switch {
+		case pt.Fraction >= 1:
+			rate = "100% (uncapped)"
+		case pt.Fraction > 0:
+			rate = fmt.Sprintf("%.0f%% (%s Mpps)", 100*pt.Fraction, mpps(pt.TargetPPS))
+		}
+		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", pt.Placement, rate, pt.Defence, spread(pt.FloodPPS, mpps), spread(pt.Delivered, mpps),
+			spread(pt.Success, pct), spread(pt.P50ms, ms), spread(pt.P99ms, ms))
+	}
+	p("\n")
+}
+
+func pathCostMarkdown(w *strings.Builder, pc *PathCostResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## 4. Per-path cost\n\n`%s` (internal/datapath's BenchmarkVerdictPaths: BPF_PROG_TEST_RUN of moat_filter over one TCP SYN frame per path, a million runs per iteration; ns/op is nanoseconds per packet).\n\n", pc.Command)
+	if pc.Note != "" {
+		p("%s.\n\n", pc.Note)
+	}
+	if len(pc.Benchmarks) > 0 {
+		p("| benchmark | figures |\n|---|---|\n")
+		for _, b := range pc.Benchmarks {
+			var fs []string
+			for _, u := range b.Units {
+				fs = append(fs, fmt.Sprintf("%g %s", b.Metrics[u], u))
+			}
+			p("| %s | %s |\n", b.Name, strings.Join(fs, ", "))
+		}
+		p("\n")
+	}
+	if pc.Printed != "" {
+		p("What the benchmark prints:\n\n```\n%s\n```\n\n", pc.Printed)
+	}
+	if pc.Output != "" {
+		p("```\n%s\n```\n\n", pc.Output)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "**no**"
+}

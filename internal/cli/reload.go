@@ -1,0 +1,49 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moat-shield/moat/internal/daemon"
+)
+
+func newReloadCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "reload",
+		Short: "Make the running daemon read its config again; a bad config is refused and nothing changes",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			socket := socketPath()
+			if _, err := os.Stat(socket); err != nil {
+				return fmt.Errorf("no moat daemon: %v (set MOAT_SOCKET if it listens elsewhere)", err)
+			}
+			var res daemon.ReloadResult
+			if err := newDaemonClient(socket).call("POST", "/v1/reload", nil, &res); err != nil {
+				return err
+			}
+			for _, e := range res.Errors {
+				fmt.Fprintln(cmd.ErrOrStderr(), e)
+			}
+			if res.Refused {
+				return usagef("reload refused; the running rules are unchanged")
+			}
+			if !res.OK {
+				return errors.New("reload failed part way; see the daemon's log")
+			}
+			ch := res.Changes
+			fmt.Fprintf(cmd.OutOrStdout(), "reloaded in %s: %d entries written, %d removed, %d port rule changes, %d SYN port changes",
+				res.Took.Round(1e6), ch.Added, ch.Removed, ch.PortRules, ch.SYNPorts)
+			if len(ch.Attached) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), ", attached %v", ch.Attached)
+			}
+			if len(ch.Detached) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), ", detached %v", ch.Detached)
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			return nil
+		},
+	}
+}

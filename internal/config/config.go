@@ -1,0 +1,584 @@
+// Package config reads the configuration file of `moat run`: YAML, which
+// operators already edit by hand for their other services, that allows
+// comments (unlike JSON) and whose parser keeps the line of every value, so
+// that every error can be reported where it is. Reading is strict: an
+// unknown key is an error, never silently ignored, and reading goes on
+// after an error so that `moat check-config` lists all of them.
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/moat-shield/moat/internal/ratelimit"
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+	"github.com/moat-shield/moat/internal/syncookie"
+)
+
+// Defaults of the daemon section.
+const (
+	DefaultStateFile   = "/var/lib/moat/state.json"
+	DefaultSocket      = "/run/moat/moat.sock"
+	DefaultMetricsAddr = "127.0.0.1:9477"
+	DefaultExpireEvery = 10 * time.Second
+	DefaultSampleEvery = time.Second
+)
+
+// Config is a whole configuration file.
+type Config struct {
+	Interfaces []Interface  `yaml:"interfaces"`
+	Allow      []PrefixRule `yaml:"allow"`
+	Deny       []PrefixRule `yaml:"deny"`
+	Lists      []ListFile   `yaml:"lists"`
+	Ports      []PortRule   `yaml:"ports"`
+	Policy     Policy       `yaml:"policy"`
+	SYN        SYN          `yaml:"syn"`
+	Limits     []Limit      `yaml:"limits"`
+	Metrics    Metrics      `yaml:"metrics"`
+	Capture    Capture      `yaml:"capture"`
+	Daemon     Daemon       `yaml:"daemon"`
+
+	// File is the path the config was read from.
+	File string `yaml:"-"`
+}
+
+// Interface is one interface moat attaches to.
+type Interface struct {
+	Name string `yaml:"name"`
+	Mode string `yaml:"mode"` // auto (default), native or generic
+	Line int    `yaml:"-"`
+}
+
+// AttachMode is the interface's mode as shield takes it.
+func (i Interface) AttachMode() shield.Mode {
+	m, _ := shield.ParseMode(i.Mode) // checked when read
+	return m
+}
+
+// PrefixRule is an allow or deny entry: a bare address or CIDR, or a
+// mapping with a comment.
+type PrefixRule struct {
+	Prefix  netip.Prefix `yaml:"-"`
+	Comment string       `yaml:"-"`
+	Line    int          `yaml:"-"`
+}
+
+type prefixRuleMapping struct {
+	Prefix  string `yaml:"prefix"`
+	Comment string `yaml:"comment"`
+}
+
+func (p *PrefixRule) decodeNode(n *yaml.Node, path string, e *errs) {
+	p.Line = n.Line
+	text := n.Value
+	if n.Kind == yaml.MappingNode {
+		var m prefixRuleMapping
+		before := len(e.list)
+		decode(n, reflect.ValueOf(&m).Elem(), path, e)
+		if len(e.list) > before {
+			return
+		}
+		if m.Prefix == "" {
+			e.at(n, "%s: missing key \"prefix\"", path)
+			return
+		}
+		text, p.Comment = m.Prefix, m.Comment
+		if err := rules.ValidateComment(m.Comment); err != nil {
+			e.at(n, "%s: %v", path, err)
+			return
+		}
+	} else if n.Kind != yaml.ScalarNode {
+		e.at(n, "%s: want an address, a CIDR or a mapping with prefix and comment, not %s", path, describe(n))
+		return
+	}
+	pfx, err := rules.ParsePrefix(text)
+	if err != nil {
+		e.at(n, "%s: %v", path, err)
+		return
+	}
+	p.Prefix = pfx
+}
+
+// ListFile is a rule file: a plain list of addresses and CIDRs (ipset and
+// FireHOL netsets) or the JSON that `moat export` writes.
+type ListFile struct {
+	File string `yaml:"file"`
+	List string `yaml:"list"` // where a plain list goes: deny (default) or allow
+	Line int    `yaml:"-"`
+}
+
+// PortRule is a protocol/port or ICMP type rule.
+type PortRule struct {
+	Rule   string `yaml:"rule"`
+	Action string `yaml:"action"`
+	Line   int    `yaml:"-"`
+
+	spec   rules.PortSpec
+	action rules.Action
+}
+
+// Policy is what happens to packets that rules cannot fully judge.
+type Policy struct {
+	Fragments string `yaml:"fragments"` // pass (default) or drop
+	Malformed string `yaml:"malformed"` // drop (default) or pass
+}
+
+// SYN configures the SYN flood defence.
+type SYN struct {
+	RotateEvery    time.Duration `yaml:"rotate_every"`    // key rotation (default 60s)
+	Hold           time.Duration `yaml:"hold"`            // auto mode: cookies stay on this long after a flood
+	CookieLifetime time.Duration `yaml:"cookie_lifetime"` // the acceptor looks for cookies this long after a flood
+	Ports          []SYNPort     `yaml:"ports"`
+}
+
+// SYNPort is one protected TCP port.
+type SYNPort struct {
+	Port      uint16 `yaml:"port"`
+	Mode      string `yaml:"mode"`      // auto (default), always or never
+	Threshold uint32 `yaml:"threshold"` // auto: SYNs per second that mean a flood
+	Line      int    `yaml:"-"`
+}
+
+// ProtectMode is the port's mode as syncookie takes it.
+func (p SYNPort) ProtectMode() syncookie.Mode {
+	m, _ := syncookie.ParseMode(p.Mode) // checked when read
+	return m
+}
+
+// Metrics configures the Prometheus endpoint.
+type Metrics struct {
+	Enabled *bool  `yaml:"enabled"` // default true
+	Address string `yaml:"address"` // default loopback only
+	// TopEntries is how many allow/deny entries with the most hits get a
+	// series of their own (0: the exporter's default, negative: none).
+	TopEntries int `yaml:"top_entries"`
+}
+
+// On tells whether metrics are served.
+func (m Metrics) On() bool { return m.Enabled == nil || *m.Enabled }
+
+// Capture bounds what `moat dump` may copy out of the data path.
+type Capture struct {
+	Enabled    *bool  `yaml:"enabled"`     // default true
+	MaxSnaplen uint32 `yaml:"max_snaplen"` // bytes copied per packet at most
+	MaxRate    uint32 `yaml:"max_rate"`    // packets per second copied at most, over all captures
+}
+
+// On tells whether captures are allowed.
+func (c Capture) On() bool { return c.Enabled == nil || *c.Enabled }
+
+// Daemon is where the daemon keeps its state and how it logs.
+type Daemon struct {
+	BPFRoot     string        `yaml:"bpffs_root"`
+	StateFile   string        `yaml:"state_file"`
+	Socket      string        `yaml:"socket"`
+	ExpireEvery time.Duration `yaml:"expire_every"`
+	SampleEvery time.Duration `yaml:"sample_every"`
+	LogLevel    string        `yaml:"log_level"`
+	LogFormat   string        `yaml:"log_format"`
+}
+
+// Limit is a rate limit (kind source: per source address) or a flood
+// budget (kind budget: all sources together) on a scope of traffic.
+type Limit struct {
+	Kind         string        `yaml:"kind"`  // source or budget
+	Scope        string        `yaml:"scope"` // all, tcp, udp/53, tcp/443+syn, icmp/echo-request...
+	PPS          uint64        `yaml:"pps"`
+	BPS          uint64        `yaml:"bps"` // bits per second
+	BurstPackets uint64        `yaml:"burst_packets"`
+	BurstBytes   uint64        `yaml:"burst_bytes"`
+	IPv6Prefix   int           `yaml:"ipv6_prefix"` // source: IPv6 sources share a bucket per prefix (default 64)
+	Block        time.Duration `yaml:"block"`       // source: deny a source over its limit this long
+	Line         int           `yaml:"-"`
+
+	parsed ratelimit.Limit
+}
+
+// RateLimits are the limits in the form internal/ratelimit applies.
+func (c *Config) RateLimits() []ratelimit.Limit {
+	out := make([]ratelimit.Limit, 0, len(c.Limits))
+	for _, l := range c.Limits {
+		out = append(out, l.parsed)
+	}
+	return out
+}
+
+// Load reads, checks and completes a config file, reading the rule files
+// it names. The error is an *Errors listing every problem with its line.
+func Load(path string) (*Config, *Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, &Errors{File: path, List: []Error{{Msg: err.Error()}}}
+	}
+	return Parse(path, data)
+}
+
+// Parse reads a config from data; path names it in errors and is where
+// relative rule file names start from.
+func Parse(path string, data []byte) (*Config, *Set, error) {
+	var e errs
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil && err.Error() != "EOF" {
+		e.list = append(e.list, syntaxError(err))
+		return nil, nil, e.result(path)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); err == nil {
+		e.at(&more, "a config file holds one YAML document; remove the second")
+	}
+	c := &Config{File: path}
+	if len(doc.Content) > 0 {
+		decode(doc.Content[0], reflect.ValueOf(c).Elem(), "", &e)
+	}
+	c.defaults()
+	c.check(&e)
+	set := c.buildSet(filepath.Dir(path), &e)
+	if err := e.result(path); err != nil {
+		return nil, nil, err
+	}
+	return c, set, nil
+}
+
+func (c *Config) defaults() {
+	if c.Policy.Fragments == "" {
+		c.Policy.Fragments = "pass"
+	}
+	if c.Policy.Malformed == "" {
+		c.Policy.Malformed = "drop"
+	}
+	if c.SYN.RotateEvery == 0 {
+		c.SYN.RotateEvery = syncookie.DefaultRotation
+	}
+	for i := range c.SYN.Ports {
+		p := &c.SYN.Ports[i]
+		if p.Mode == "" {
+			p.Mode = "auto"
+		}
+		if p.Threshold == 0 {
+			p.Threshold = syncookie.DefaultThreshold
+		}
+	}
+	for i := range c.Interfaces {
+		if c.Interfaces[i].Mode == "" {
+			c.Interfaces[i].Mode = "auto"
+		}
+	}
+	for i := range c.Lists {
+		if c.Lists[i].List == "" {
+			c.Lists[i].List = "deny"
+		}
+	}
+	if c.Metrics.Address == "" {
+		c.Metrics.Address = DefaultMetricsAddr
+	}
+	if c.Capture.MaxSnaplen == 0 {
+		c.Capture.MaxSnaplen = 262144
+	}
+	d := &c.Daemon
+	if d.BPFRoot == "" {
+		d.BPFRoot = shield.DefaultRoot
+	}
+	if d.StateFile == "" {
+		d.StateFile = DefaultStateFile
+	}
+	if d.Socket == "" {
+		d.Socket = DefaultSocket
+	}
+	if d.ExpireEvery == 0 {
+		d.ExpireEvery = DefaultExpireEvery
+	}
+	if d.SampleEvery == 0 {
+		d.SampleEvery = DefaultSampleEvery
+	}
+	if d.LogLevel == "" {
+		d.LogLevel = "info"
+	}
+	if d.LogFormat == "" {
+		d.LogFormat = "text"
+	}
+}
+
+// check validates what each value cannot check alone: names, ranges,
+// duplicates and overlaps.
+func (c *Config) check(e *errs) {
+	at := func(line int, format string, args ...any) {
+		e.list = append(e.list, Error{Line: line, Msg: fmt.Sprintf(format, args...)})
+	}
+	// key reports an error on a value known by its path.
+	key := func(path, format string, args ...any) {
+		at(e.lineOf(path), path+": "+format, args...)
+	}
+	ifaces := map[string]int{}
+	for i, ifc := range c.Interfaces {
+		path := fmt.Sprintf("interfaces[%d]", i+1)
+		switch {
+		case ifc.Name == "":
+			at(ifc.Line, "%s: missing key \"name\"", path)
+		case len(ifc.Name) > 15 || strings.ContainsAny(ifc.Name, "/: \t") || ifc.Name == "." || ifc.Name == "..":
+			at(ifc.Line, "%s: %q is not a valid interface name", path, ifc.Name)
+		case ifaces[ifc.Name] != 0:
+			at(ifc.Line, "%s: interface %s is listed twice (first at line %d)", path, ifc.Name, ifaces[ifc.Name])
+		default:
+			ifaces[ifc.Name] = ifc.Line
+		}
+		if ifc.Mode == "auto" {
+			continue
+		}
+		if _, err := shield.ParseMode(ifc.Mode); err != nil {
+			at(ifc.Line, "%s: invalid mode %q: want auto, native or generic", path, ifc.Mode)
+		}
+	}
+
+	listLines := map[netip.Prefix]int{}
+	for _, l := range []struct {
+		name    string
+		entries []PrefixRule
+	}{{"allow", c.Allow}, {"deny", c.Deny}} {
+		seen := map[netip.Prefix]int{}
+		for i, p := range l.entries {
+			if !p.Prefix.IsValid() {
+				continue // reported when read
+			}
+			if first, dup := seen[p.Prefix]; dup {
+				at(p.Line, "%s[%d]: %s is listed twice (first at line %d)", l.name, i+1, p.Prefix, first)
+				continue
+			}
+			seen[p.Prefix] = p.Line
+			if other, both := listLines[p.Prefix]; both {
+				at(p.Line, "%s[%d]: %s is also in the allow list (line %d); the allow list would win", l.name, i+1, p.Prefix, other)
+			}
+		}
+		if l.name == "allow" {
+			listLines = seen
+		}
+	}
+
+	for i := range c.Ports {
+		p := &c.Ports[i]
+		path := fmt.Sprintf("ports[%d]", i+1)
+		var err error
+		if p.Rule == "" {
+			at(p.Line, "%s: missing key \"rule\" (e.g. udp/19 or tcp/6000-6063)", path)
+			continue
+		}
+		if p.spec, err = rules.ParsePortSpec(p.Rule); err != nil {
+			at(p.Line, "%s: %v", path, err)
+			continue
+		}
+		if p.action, err = rules.ParseAction(p.Action); err != nil {
+			if p.Action == "" {
+				err = fmt.Errorf("missing key \"action\" (drop or allow)")
+			}
+			at(p.Line, "%s: %v", path, err)
+			continue
+		}
+		for j := 0; j < i; j++ {
+			if o := c.Ports[j]; o.action != 0 && o.spec.Overlaps(p.spec) {
+				at(p.Line, "%s: %s overlaps %s (line %d)", path, p.spec, o.spec, o.Line)
+			}
+		}
+	}
+
+	if f := c.Policy.Fragments; f != "pass" && f != "drop" {
+		key("policy.fragments", "invalid policy %q: want pass or drop", f)
+	}
+	if m := c.Policy.Malformed; m != "drop" && m != "pass" {
+		key("policy.malformed", "invalid policy %q: want drop or pass", m)
+	}
+
+	if c.SYN.RotateEvery < time.Second {
+		key("syn.rotate_every", "%s is too short; at least 1s", c.SYN.RotateEvery)
+	}
+	if c.SYN.CookieLifetime != 0 && c.SYN.CookieLifetime < 2*c.SYN.RotateEvery {
+		key("syn.cookie_lifetime", "%s is shorter than two key rotations (%s): cookies would be refused while still valid", c.SYN.CookieLifetime, 2*c.SYN.RotateEvery)
+	}
+	synPorts := map[uint16]int{}
+	for i, p := range c.SYN.Ports {
+		path := fmt.Sprintf("syn.ports[%d]", i+1)
+		if _, given := e.lines[path+".port"]; p.Port == 0 && !given {
+			at(p.Line, "%s: missing key \"port\" (1 to 65535)", path)
+		} else if p.Port == 0 {
+			if !e.reported(e.lines[path+".port"]) {
+				key(path+".port", "port 0 is not a port")
+			}
+		} else if first, dup := synPorts[p.Port]; dup {
+			at(p.Line, "%s: tcp/%d is listed twice (first at line %d)", path, p.Port, first)
+		} else {
+			synPorts[p.Port] = p.Line
+		}
+		if m, err := syncookie.ParseMode(p.Mode); err != nil || m == syncookie.ModeOff {
+			at(p.Line, "%s: invalid mode %q: want auto, always or never", path, p.Mode)
+		}
+	}
+
+	seenLimits := map[string]int{}
+	for i := range c.Limits {
+		l := &c.Limits[i]
+		path := fmt.Sprintf("limits[%d]", i+1)
+		kind, err := ratelimit.ParseKind(l.Kind)
+		if err != nil {
+			at(l.Line, "%s: %v", path, err)
+			continue
+		}
+		scope, err := ratelimit.ParseScope(l.Scope)
+		if err != nil {
+			at(l.Line, "%s: %v", path, err)
+			continue
+		}
+		l.parsed = ratelimit.Limit{Kind: kind, Scope: scope, PPS: l.PPS, BPS: l.BPS, BurstPackets: l.BurstPackets,
+			BurstBytes: l.BurstBytes, IPv6Prefix: l.IPv6Prefix, Block: ratelimit.Duration(l.Block)}
+		if err := l.parsed.Validate(); err != nil {
+			at(l.Line, "%s: %v", path, err)
+			continue
+		}
+		k := kind.String() + " " + scope.String()
+		if first, dup := seenLimits[k]; dup {
+			at(l.Line, "%s: a %s limit on %s is given twice (first at line %d)", path, kind, scope, first)
+		}
+		seenLimits[k] = l.Line
+	}
+	if len(c.Limits) > ratelimit.MaxRules {
+		key("limits", "%d limits: at most %d", len(c.Limits), ratelimit.MaxRules)
+	}
+
+	if c.Metrics.On() {
+		if _, port, err := net.SplitHostPort(c.Metrics.Address); err != nil || port == "" {
+			key("metrics.address", "%q is not HOST:PORT (e.g. 127.0.0.1:9477)", c.Metrics.Address)
+		}
+	}
+	if c.Capture.MaxSnaplen > 262144 {
+		key("capture.max_snaplen", "%d is above 262144, the largest snapshot length pcapng readers accept", c.Capture.MaxSnaplen)
+	}
+
+	d := c.Daemon
+	for _, p := range []struct{ key, val string }{
+		{"daemon.bpffs_root", d.BPFRoot}, {"daemon.state_file", d.StateFile}, {"daemon.socket", d.Socket},
+	} {
+		if !filepath.IsAbs(p.val) {
+			key(p.key, "%q must be an absolute path", p.val)
+		}
+	}
+	if !strings.HasPrefix(filepath.Clean(d.BPFRoot)+"/", "/sys/fs/bpf/") || filepath.Clean(d.BPFRoot) == "/sys/fs/bpf" {
+		key("daemon.bpffs_root", "%q must be a directory under /sys/fs/bpf", d.BPFRoot)
+	}
+	if d.ExpireEvery < time.Second {
+		key("daemon.expire_every", "%s is too short; at least 1s", d.ExpireEvery)
+	}
+	if d.SampleEvery < 100*time.Millisecond {
+		key("daemon.sample_every", "%s is too short; at least 100ms", d.SampleEvery)
+	}
+	switch d.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		key("daemon.log_level", "invalid level %q: want debug, info, warn or error", d.LogLevel)
+	}
+	if d.LogFormat != "text" && d.LogFormat != "json" {
+		key("daemon.log_format", "invalid format %q: want text or json", d.LogFormat)
+	}
+}
+
+// Set is the rules a config asks for: inline entries and the rule files,
+// merged.
+type Set struct {
+	Rules *rules.Ruleset
+	// FromFiles counts the entries that came from rule files.
+	FromFiles int
+}
+
+// buildSet merges the inline rules and the rule files. An entry that a
+// file repeats (netsets overlap) is kept once, with the inline comment.
+// Lists are merged by sorting rather than through maps: a million entries
+// hash slowly and take much memory.
+func (c *Config) buildSet(base string, e *errs) *Set {
+	rs := &rules.Ruleset{
+		Allow:    make([]rules.PrefixEntry, 0, len(c.Allow)),
+		Deny:     make([]rules.PrefixEntry, 0, len(c.Deny)),
+		Ports:    make([]rules.PortEntry, 0, len(c.Ports)),
+		Settings: &rules.Settings{Fragments: c.Policy.Fragments, Malformed: c.Policy.Malformed},
+	}
+	for li, l := range [][]PrefixRule{c.Allow, c.Deny} {
+		dst := &rs.Allow
+		if li == 1 {
+			dst = &rs.Deny
+		}
+		for _, p := range l {
+			if p.Prefix.IsValid() { // duplicates were reported by check
+				*dst = append(*dst, rules.PrefixEntry{Prefix: p.Prefix, Comment: p.Comment})
+			}
+		}
+	}
+	inline := len(rs.Allow) + len(rs.Deny)
+	for _, p := range c.Ports {
+		if p.action != 0 {
+			rs.Ports = append(rs.Ports, rules.PortEntry{Spec: p.spec, Action: p.action})
+		}
+	}
+	set := &Set{Rules: rs}
+	for i, lf := range c.Lists {
+		path := fmt.Sprintf("lists[%d]", i+1)
+		if lf.List != "deny" && lf.List != "allow" {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: invalid list %q: want deny or allow", path, lf.List)})
+			continue
+		}
+		if lf.File == "" {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: missing key \"file\"", path)})
+			continue
+		}
+		name := lf.File
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(base, name)
+		}
+		f, err := os.Open(name)
+		if err != nil {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %v", path, err)})
+			continue
+		}
+		frs, err := rules.ReadRuleset(name, f, lf.List)
+		f.Close()
+		if err != nil {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %v", path, err)})
+			continue
+		}
+		for _, pe := range frs.Allow {
+			rs.Allow = append(rs.Allow, rules.PrefixEntry{Prefix: pe.Prefix, Comment: pe.Comment})
+		}
+		for _, pe := range frs.Deny {
+			rs.Deny = append(rs.Deny, rules.PrefixEntry{Prefix: pe.Prefix, Comment: pe.Comment})
+		}
+		if len(frs.Ports) > 0 {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %s holds port rules; put port rules in the ports section", path, name)})
+		}
+	}
+	rs.Allow = sortUnique(rs.Allow)
+	rs.Deny = sortUnique(rs.Deny)
+	set.FromFiles = len(rs.Allow) + len(rs.Deny) - inline
+	return set
+}
+
+// PrefixOrder sorts prefixes by address, then length.
+func PrefixOrder(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// sortUnique sorts entries by prefix and keeps the first of each prefix;
+// the sort is stable, so an inline entry (first in the list) wins over a
+// file's.
+func sortUnique(l []rules.PrefixEntry) []rules.PrefixEntry {
+	slices.SortStableFunc(l, func(a, b rules.PrefixEntry) int { return PrefixOrder(a.Prefix, b.Prefix) })
+	return slices.CompactFunc(l, func(a, b rules.PrefixEntry) bool { return a.Prefix == b.Prefix })
+}

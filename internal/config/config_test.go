@@ -1,0 +1,224 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moat-shield/moat/internal/rules"
+)
+
+// parseErrors parses text and returns its errors as "LINE: message".
+func parseErrors(t *testing.T, text string) []string {
+	t.Helper()
+	_, _, err := Parse(filepath.Join(t.TempDir(), "moat.yaml"), []byte(text))
+	if err == nil {
+		return nil
+	}
+	var ce *Errors
+	if !errors.As(err, &ce) {
+		t.Fatalf("error is %T, want *Errors: %v", err, err)
+	}
+	var out []string
+	for _, e := range ce.List {
+		out = append(out, e.Error())
+	}
+	return out
+}
+
+// Each error class, alone in an otherwise valid config, is reported once
+// at the line of the value that causes it.
+func TestErrorClassesWithLines(t *testing.T) {
+	tests := []struct {
+		name, text string
+		line       int
+		msg        string
+	}{
+		{"syntax", "interfaces:\n  - name: eth0\n    mode: a: b\n", 3, "syntax error: mapping values are not allowed"},
+		{"tab", "deny: []\nports:\n\t- rule: udp/19\n", 3, "syntax error: found character that cannot start any token"},
+		{"unknown top-level key", "interfaces: []\ndenny:\n  - 10.0.0.1\n", 2, `unknown key "denny"`},
+		{"unknown nested key", "syn:\n  rotate_every: 60s\n  rotate: 30s\n", 3, `syn: unknown key "rotate"`},
+		{"unknown key in entry", "deny:\n  - prefix: 10.0.0.0/8\n    coment: typo\n", 3, `unknown key "coment"`},
+		{"key twice", "policy:\n  fragments: pass\n  fragments: drop\n", 3, "given twice"},
+		{"bad prefix", "deny:\n  - 10.0.0.0/8\n  - 10.0.0.300\n", 3, `invalid address or CIDR "10.0.0.300"`},
+		{"host bits", "allow:\n  - 10.1.2.3/8\n", 2, "host bits set"},
+		{"duplicate prefix", "deny:\n  - 10.0.0.1\n  - 10.0.0.1/32\n", 3, "listed twice (first at line 2)"},
+		{"allow and deny", "allow:\n  - 10.0.0.1\ndeny:\n  - 10.0.0.1\n", 4, "also in the allow list (line 2)"},
+		{"long comment", "deny:\n  - prefix: 10.0.0.1\n    comment: " + strings.Repeat("x", 70) + "\n", 2, "at most 63"},
+		{"bad port rule", "ports:\n  - rule: udp/70000\n    action: drop\n", 2, "above 65535"},
+		{"bad action", "ports:\n  - rule: udp/19\n    action: reject\n", 2, `invalid action "reject"`},
+		{"overlapping ports", "ports:\n  - rule: tcp/1000-2000\n    action: drop\n  - rule: tcp/1500\n    action: allow\n", 4, "overlaps tcp/1000-2000 (line 2)"},
+		{"wrong kind", "interfaces:\n  name: eth0\n", 2, "want a list"},
+		{"not a number", "syn:\n  ports:\n    - port: https\n", 3, "want a whole number"},
+		{"port out of range", "syn:\n  ports:\n    - port: 70000\n", 3, "from 0 to 65535"},
+		{"bad duration", "syn:\n  rotate_every: 60\n", 2, "want a duration"},
+		{"short rotation", "syn:\n  rotate_every: 10ms\n", 2, "too short"},
+		{"bad syn mode", "syn:\n  ports:\n    - port: 443\n      mode: sometimes\n", 3, `invalid mode "sometimes"`},
+		{"duplicate syn port", "syn:\n  ports:\n    - port: 443\n    - port: 443\n", 4, "tcp/443 is listed twice"},
+		{"bad iface mode", "interfaces:\n  - name: eth0\n    mode: turbo\n", 2, `invalid mode "turbo"`},
+		{"bad iface name", "interfaces:\n  - name: this-name-is-far-too-long\n", 2, "not a valid interface name"},
+		{"duplicate iface", "interfaces:\n  - name: eth0\n  - name: eth0\n", 3, "listed twice"},
+		{"bad policy", "policy:\n  fragments: maybe\n", 2, `invalid policy "maybe"`},
+		{"bad metrics address", "metrics:\n  address: localhost\n", 2, "not HOST:PORT"},
+		{"bad bool", "metrics:\n  enabled: yes please\n", 2, "want true or false"},
+		{"relative state file", "daemon:\n  state_file: state.json\n", 2, "absolute path"},
+		{"root outside bpffs", "daemon:\n  bpffs_root: /tmp/moat\n", 2, "under /sys/fs/bpf"},
+		{"bad log level", "daemon:\n  log_level: chatty\n", 2, `invalid level "chatty"`},
+		{"missing list file", "lists:\n  - file: /nonexistent/moat-list\n", 2, "no such file"},
+		{"limit without rate", "limits:\n  - kind: source\n    scope: udp/53\n", 2, "give a rate"},
+		{"limit bad scope", "limits:\n  - kind: budget\n    scope: sctp\n    pps: 10\n", 2, "limits[1]: "},
+		{"limit bad kind", "limits:\n  - kind: global\n    scope: udp\n    pps: 10\n", 2, `invalid limit kind "global"`},
+		{"limit twice", "limits:\n  - {kind: source, scope: udp/53, pps: 10}\n  - {kind: source, scope: udp/53, pps: 20}\n", 3, "given twice (first at line 2)"},
+		{"unknown limit key", "limits:\n  - kind: source\n    scope: udp/53\n    pps: 10\n    rate: 10\n", 5, `unknown key "rate"`},
+		{"two documents", "interfaces: []\n---\ndeny: []\n", 2, "one YAML document"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := parseErrors(t, tc.text)
+			if len(got) != 1 {
+				t.Fatalf("got %d errors, want 1:\n%s", len(got), strings.Join(got, "\n"))
+			}
+			want := regexp.MustCompile(`^line ` + strconv.Itoa(tc.line) + `: .*` + regexp.QuoteMeta(tc.msg))
+			if !want.MatchString(got[0]) {
+				t.Errorf("error %q, want line %d and %q", got[0], tc.line, tc.msg)
+			}
+		})
+	}
+}
+
+// All errors of a file are reported in one pass, in line order.
+func TestEveryErrorReported(t *testing.T) {
+	text := `interfaces:
+  - name: eth0
+    mode: warp
+deny:
+  - 10.0.0.0/33
+  - 192.0.2.1
+ports:
+  - rule: sctp/9
+    action: drop
+bogus: 1
+syn:
+  rotate_every: soon
+`
+	got := parseErrors(t, text)
+	wantLines := []string{"line 2:", "line 5:", "line 8:", "line 10:", "line 12:"}
+	if len(got) != len(wantLines) {
+		t.Fatalf("got %d errors, want %d:\n%s", len(got), len(wantLines), strings.Join(got, "\n"))
+	}
+	for i, w := range wantLines {
+		if !strings.HasPrefix(got[i], w) {
+			t.Errorf("error %d is %q, want it at %s", i+1, got[i], w)
+		}
+	}
+}
+
+// The error's text names the file and the line, as check-config prints it.
+func TestErrorsName(t *testing.T) {
+	_, _, err := Parse("/etc/moat/moat.yaml", []byte("deny:\n  - nonsense\n"))
+	if err == nil || !strings.Contains(err.Error(), "/etc/moat/moat.yaml:2: deny[1]: ") {
+		t.Fatalf("error %v, want it to name /etc/moat/moat.yaml:2 and deny[1]", err)
+	}
+}
+
+// A full config reads into the rules and settings it describes, with the
+// rule files merged (entries repeated across files kept once).
+func TestRulesFromConfigAndFiles(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "block.netset"), []byte("# FireHOL style\n203.0.113.0/24\n198.51.100.7 ; scanner\n192.0.2.1\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "friends.txt"), []byte("2001:db8:100::/48\n"), 0o600)
+	text := `interfaces:
+  - name: eth0
+    mode: generic
+allow:
+  - 192.0.2.10
+deny:
+  - 192.0.2.1
+  - prefix: 10.9.0.0/16
+    comment: lab
+lists:
+  - file: block.netset
+  - file: friends.txt
+    list: allow
+ports:
+  - rule: udp/19
+    action: drop
+policy:
+  fragments: drop
+syn:
+  rotate_every: 30s
+  ports:
+    - port: 443
+      mode: always
+`
+	cfg, set, err := Parse(filepath.Join(dir, "moat.yaml"), []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := set.Rules
+	var deny []string
+	for _, e := range rs.Deny {
+		deny = append(deny, e.Prefix.String()+"|"+e.Comment)
+	}
+	wantDeny := "10.9.0.0/16|lab|192.0.2.1/32||198.51.100.7/32||203.0.113.0/24|" // sorted, each once
+	if strings.Join(deny, "|") != wantDeny {
+		t.Errorf("deny = %q, want %q", strings.Join(deny, "|"), wantDeny)
+	}
+	if len(rs.Allow) != 2 || rs.Allow[1].Prefix.String() != "2001:db8:100::/48" {
+		t.Errorf("allow = %v", rs.Allow)
+	}
+	if set.FromFiles != 3 {
+		t.Errorf("FromFiles = %d, want 3 (192.0.2.1 is inline already)", set.FromFiles)
+	}
+	if len(rs.Ports) != 1 || rs.Ports[0].Spec.String() != "udp/19" || rs.Ports[0].Action != rules.Drop {
+		t.Errorf("ports = %v", rs.Ports)
+	}
+	if rs.Settings.Fragments != "drop" || rs.Settings.Malformed != "drop" {
+		t.Errorf("settings = %+v", rs.Settings)
+	}
+	if cfg.SYN.RotateEvery != 30*time.Second || cfg.SYN.Ports[0].Threshold != 2000 || cfg.SYN.Ports[0].Mode != "always" {
+		t.Errorf("syn = %+v", cfg.SYN)
+	}
+	if cfg.Interfaces[0].AttachMode() != "generic" || cfg.Daemon.StateFile != DefaultStateFile || cfg.Metrics.Address != DefaultMetricsAddr {
+		t.Errorf("defaults: %+v %+v", cfg.Interfaces, cfg.Daemon)
+	}
+}
+
+// A bad line in a rule file is reported at the config line that names
+// the file, with the file's own line.
+func TestListFileErrorNamesBothLines(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "bad.netset"), []byte("10.0.0.0/8\n10.0.0.999\n"), 0o600)
+	got := parseErrors(t, "deny: []\nlists:\n  - file: "+filepath.Join(dir, "bad.netset")+"\n")
+	if len(got) != 1 || !strings.HasPrefix(got[0], "line 3: ") || !strings.Contains(got[0], "bad.netset:2:") {
+		t.Fatalf("errors %q, want one at line 3 naming bad.netset:2", got)
+	}
+}
+
+// The example configs shipped with moat pass: dist/moat.yaml and the one
+// in the README's daemon section.
+func TestExamplesPass(t *testing.T) {
+	data, err := os.ReadFile("../../dist/moat.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Parse("dist/moat.yaml", data); err != nil {
+		t.Errorf("dist/moat.yaml: %v", err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile("(?s)<!-- moat.yaml example -->\\s*```yaml\n(.*?)```").FindSubmatch(readme)
+	if block == nil {
+		t.Fatal("README.md has no ```yaml block after <!-- moat.yaml example -->")
+	}
+	if _, _, err := Parse("README.md example", block[1]); err != nil {
+		t.Errorf("README example: %v", err)
+	}
+}

@@ -1,0 +1,458 @@
+package daemon
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/moat-shield/moat/internal/config"
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/ratelimit"
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+	"github.com/moat-shield/moat/internal/syncookie"
+)
+
+// Changes counts what applying a config changed.
+type Changes struct {
+	Added     int      `json:"added"`   // allow/deny entries written (new or changed)
+	Removed   int      `json:"removed"` // allow/deny entries deleted
+	PortRules int      `json:"port_rules"`
+	Attached  []string `json:"attached,omitempty"`
+	Detached  []string `json:"detached,omitempty"`
+	SYNPorts  int      `json:"syn_ports"`
+}
+
+// applyDiff makes the pinned state what cfg (with the rule files read into
+// set) and the dynamic rules ask for. old is the config applied before, or
+// nil at start. Everything that can be checked is checked before the first
+// write. Entries are written before stale ones are deleted, and entries
+// present before and after are not touched, so the data path never sees a
+// rule missing that both the old and the new rules hold.
+func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *config.Set) (Changes, error) {
+	var ch Changes
+	oldIfaces := map[string]config.Interface{}
+	if old != nil {
+		for _, i := range old.Interfaces {
+			oldIfaces[i.Name] = i
+		}
+	}
+	for _, i := range cfg.Interfaces {
+		if _, err := net.InterfaceByName(i.Name); err != nil {
+			return ch, fmt.Errorf("interfaces: no interface %q (config line %d)", i.Name, i.Line)
+		}
+		if o, ok := oldIfaces[i.Name]; ok && o.Mode != i.Mode {
+			return ch, fmt.Errorf("interfaces: %s: the mode changes from %s to %s; that needs a restart (detach, then start)", i.Name, o.Mode, i.Mode)
+		}
+	}
+
+	// Rate limits first: ratelimit.Apply checks every limit before it
+	// changes one, so a refusal here leaves everything as it was.
+	if err := d.applyLimits(s, cfg); err != nil {
+		return ch, err
+	}
+	want := d.desired(set)
+	if err := d.applyRules(s, want, &ch); err != nil {
+		return ch, err
+	}
+	d.dropShadowed(want)
+
+	// Attach: at start every interface, which adopts a pinned attachment
+	// in place (link.Update, same link, counters kept) and upgrades its
+	// program; at a reload only the new ones.
+	for _, i := range cfg.Interfaces {
+		if _, had := oldIfaces[i.Name]; had {
+			continue
+		}
+		res, err := s.Attach(i.Name, i.AttachMode())
+		if err != nil {
+			return ch, err
+		}
+		if res.Warning != "" {
+			d.log.Warn(res.Warning, "iface", i.Name)
+		}
+		verb := "attached"
+		if res.Replaced {
+			verb = "adopted the pinned attachment and updated its program"
+		}
+		d.log.Info(verb, "iface", i.Name, "mode", res.Mode)
+		ch.Attached = append(ch.Attached, i.Name)
+	}
+	keep := map[string]bool{}
+	for _, i := range cfg.Interfaces {
+		keep[i.Name] = true
+	}
+	for name := range oldIfaces {
+		if !keep[name] {
+			if err := s.Detach(name); err != nil {
+				return ch, err
+			}
+			d.log.Info("detached", "iface", name)
+			ch.Detached = append(ch.Detached, name)
+		}
+	}
+	if old == nil {
+		atts, err := s.Attachments()
+		if err != nil {
+			return ch, err
+		}
+		for _, a := range atts {
+			if !keep[a.Iface] {
+				d.log.Warn("moat is attached to an interface the config does not name; left as it is", "iface", a.Iface)
+			}
+		}
+	}
+
+	n, err := d.applySYN(s, cfg)
+	ch.SYNPorts = n
+	return ch, err
+}
+
+// applyLimits makes the rate limits the config's. Limits whose kind and
+// scope stay are updated in place; new ones go in before old ones go.
+func (d *Daemon) applyLimits(s *shield.Shield, cfg *config.Config) error {
+	m, err := ratelimit.NewMaps(s.Map)
+	if err != nil {
+		if len(cfg.Limits) == 0 {
+			return nil // pins of a moat without rate limits, and none asked for
+		}
+		return err
+	}
+	if err := ratelimit.Apply(m, cfg.RateLimits()); err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
+	return nil
+}
+
+// wanted is the rules the maps should hold.
+type wanted struct {
+	lists    [2][]rules.PrefixEntry // by shield.List, sorted by prefixOrder
+	ports    []rules.PortEntry
+	settings rules.Settings
+	// shadowed are dynamic entries that the config now holds too; they
+	// leave the state file once the config is applied.
+	shadowed [2]map[netip.Prefix]bool
+	// shadowedPorts are dynamic port rules that overlap the config's.
+	shadowedPorts map[rules.PortSpec]bool
+}
+
+// prefixOrder is the order of the lists compared at each apply: a million
+// entries are compared as two sorted lists rather than through maps, which
+// would take hundreds of MiB at the moment of a reload.
+var prefixOrder = config.PrefixOrder
+
+// desired merges the config's rules with the dynamic ones. A rule in both
+// is the config's: it has no expiry and outlives the dynamic one. The
+// config's lists are sorted in place.
+func (d *Daemon) desired(set *config.Set) *wanted {
+	rs := set.Rules
+	w := &wanted{settings: *rs.Settings, shadowed: [2]map[netip.Prefix]bool{{}, {}}, shadowedPorts: map[rules.PortSpec]bool{}}
+	now := time.Now()
+	for li, entries := range [][]rules.PrefixEntry{rs.Allow, rs.Deny} {
+		dyn := d.st.Allow
+		if li == 1 {
+			dyn = d.st.Deny
+		}
+		dynamic := make(map[netip.Prefix]bool, len(dyn))
+		for _, e := range dyn {
+			dynamic[e.Prefix] = true
+		}
+		for _, e := range entries {
+			if dynamic[e.Prefix] {
+				w.shadowed[li][e.Prefix] = true
+			}
+		}
+		for _, e := range dyn {
+			if !w.shadowed[li][e.Prefix] && (e.Expires == nil || e.Expires.After(now)) {
+				entries = append(entries, e)
+			}
+		}
+		if cmp := func(a, b rules.PrefixEntry) int { return prefixOrder(a.Prefix, b.Prefix) }; !slices.IsSortedFunc(entries, cmp) {
+			slices.SortFunc(entries, cmp)
+		}
+		w.lists[li] = entries
+	}
+	w.ports = append(w.ports, rs.Ports...)
+	for _, p := range d.st.Ports {
+		clash := false
+		for _, c := range rs.Ports {
+			if c.Spec.Overlaps(p.Spec) {
+				clash = true
+				if c != p {
+					d.log.Warn("a port rule added at run time overlaps the config's; the config's applies", "runtime", p.Spec, "config", c.Spec)
+				}
+			}
+		}
+		if clash {
+			w.shadowedPorts[p.Spec] = true
+		} else {
+			w.ports = append(w.ports, p)
+		}
+	}
+	return w
+}
+
+// dropShadowed removes from the state the dynamic rules that the config
+// now holds: removing one through the API later must not remove the
+// config's rule. The caller saves the state.
+func (d *Daemon) dropShadowed(w *wanted) {
+	n := 0
+	for li, l := range []*[]rules.PrefixEntry{&d.st.Allow, &d.st.Deny} {
+		before := len(*l)
+		*l = slices.DeleteFunc(*l, func(e rules.PrefixEntry) bool { return w.shadowed[li][e.Prefix] })
+		n += before - len(*l)
+	}
+	before := len(d.st.Ports)
+	d.st.Ports = slices.DeleteFunc(d.st.Ports, func(p rules.PortEntry) bool { return w.shadowedPorts[p.Spec] })
+	n += before - len(d.st.Ports)
+	if n > 0 {
+		d.log.Info("rules added at run time are now in the config; they leave the state file", "count", n)
+	}
+}
+
+// sameExpiry compares a wanted expiry with a stored one; stored times are
+// read back through CLOCK_BOOTTIME and rounded to the second.
+func sameExpiry(a *time.Time, b time.Time) bool {
+	if a == nil || b.IsZero() {
+		return a == nil && b.IsZero()
+	}
+	d := a.Sub(b)
+	return d < 2*time.Second && d > -2*time.Second
+}
+
+// applyRules writes the allow/deny and port diff, then the policies, then
+// deletes what is stale.
+func (d *Daemon) applyRules(s *shield.Shield, w *wanted, ch *Changes) error {
+	var stale [2][]netip.Prefix
+	phase := time.Now()
+	lap := func(what string) {
+		d.log.Debug("apply", "step", what, "took", time.Since(phase).Round(time.Millisecond))
+		phase = time.Now()
+	}
+	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
+		have, err := s.Entries(l)
+		if err != nil {
+			return err
+		}
+		lap("read " + l.String())
+		if !slices.IsSortedFunc(have, func(a, b shield.Entry) int { return prefixOrder(a.Prefix, b.Prefix) }) {
+			slices.SortFunc(have, func(a, b shield.Entry) int { return prefixOrder(a.Prefix, b.Prefix) })
+		}
+		want := w.lists[l]
+		var write []shield.Entry
+		// Walk both sorted lists at once.
+		i, j := 0, 0
+		for i < len(want) || j < len(have) {
+			c := 0
+			switch {
+			case i == len(want):
+				c = 1
+			case j == len(have):
+				c = -1
+			default:
+				c = prefixOrder(want[i].Prefix, have[j].Prefix)
+			}
+			switch {
+			case c < 0: // wanted, not there
+				write = append(write, toEntry(want[i]))
+				i++
+			case c > 0: // there, not wanted
+				stale[l] = append(stale[l], have[j].Prefix)
+				j++
+			default:
+				if want[i].Comment != have[j].Comment || !sameExpiry(want[i].Expires, have[j].Expires) {
+					write = append(write, toEntry(want[i]))
+				}
+				i++
+				j++
+			}
+		}
+		have = nil
+		lap("compare " + l.String())
+		if len(write) > 0 {
+			if err := s.Add(l, write, shield.Upsert); err != nil {
+				return err
+			}
+		}
+		ch.Added += len(write)
+		lap("write " + l.String())
+	}
+
+	if err := d.applyPorts(s, w.ports, ch); err != nil {
+		return err
+	}
+	if cur, err := s.Settings(); err != nil {
+		return err
+	} else if cur != w.settings {
+		if err := s.SetSettings(w.settings); err != nil {
+			return err
+		}
+		d.log.Info("policy changed", "fragments", w.settings.Fragments, "malformed", w.settings.Malformed)
+	}
+
+	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
+		if len(stale[l]) == 0 {
+			continue
+		}
+		if err := s.RemovePrefixes(l, stale[l]); err != nil {
+			return err
+		}
+		ch.Removed += len(stale[l])
+		lap("delete stale " + l.String())
+	}
+	return nil
+}
+
+func toEntry(e rules.PrefixEntry) shield.Entry {
+	out := shield.Entry{Prefix: e.Prefix, Comment: e.Comment}
+	if e.Expires != nil {
+		out.Expires = *e.Expires
+	}
+	return out
+}
+
+// applyPorts makes the port rules equal to want. A new rule that overlaps
+// no stale one is added before anything is removed. A rule whose range or
+// action changes shares slots with the rule it replaces, and shield
+// refuses overlapping rules, so for those the old rule goes first: that
+// port range is without a rule for the moment between the two writes.
+func (d *Daemon) applyPorts(s *shield.Shield, want []rules.PortEntry, ch *Changes) error {
+	cur, err := s.PortRules()
+	if err != nil {
+		return err
+	}
+	keep := map[rules.PortEntry]bool{}
+	for _, w := range want {
+		keep[w] = true
+	}
+	var stale []shield.PortRule
+	have := map[rules.PortEntry]bool{}
+	for _, c := range cur {
+		e := rules.PortEntry{Spec: c.Spec, Action: c.Action}
+		if keep[e] {
+			have[e] = true
+		} else {
+			stale = append(stale, c)
+		}
+	}
+	removed := map[rules.PortSpec]bool{}
+	var later []rules.PortEntry
+	for _, w := range want {
+		if have[w] {
+			continue
+		}
+		overlaps := false
+		for _, st := range stale {
+			if st.Spec.Overlaps(w.Spec) {
+				overlaps = true
+			}
+		}
+		if overlaps {
+			later = append(later, w)
+			continue
+		}
+		if err := s.AddPortRule(w.Spec, w.Action); err != nil {
+			return err
+		}
+		ch.PortRules++
+	}
+	for _, w := range later {
+		for _, st := range stale {
+			if st.Spec.Overlaps(w.Spec) && !removed[st.Spec] {
+				if err := s.RemovePortRule(st.Spec); err != nil {
+					return err
+				}
+				removed[st.Spec] = true
+				ch.PortRules++
+			}
+		}
+		if err := s.AddPortRule(w.Spec, w.Action); err != nil {
+			return err
+		}
+		ch.PortRules++
+	}
+	for _, st := range stale {
+		if !removed[st.Spec] {
+			if err := s.RemovePortRule(st.Spec); err != nil {
+				return err
+			}
+			ch.PortRules++
+		}
+	}
+	return nil
+}
+
+// applySYN sets the protected ports, installs the first cookie key when
+// there is none, and writes the defence's settings. Ports protected
+// outside the config are turned off: with the daemon, SYN protection is
+// the config's. A port whose settings did not change is left alone, as
+// protecting it again would reset its counters and flood state.
+func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
+	ports, stats := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats)
+	keys, rotation := s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation)
+	if ports == nil || stats == nil || keys == nil || rotation == nil {
+		return 0, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
+	}
+	cur, err := syncookie.Status(ports, stats)
+	if err != nil {
+		return 0, err
+	}
+	have := map[uint16]syncookie.PortStatus{}
+	for _, p := range cur {
+		have[p.Port] = p
+	}
+	changed := 0
+	if len(cfg.SYN.Ports) > 0 {
+		gen, err := syncookie.Generation(rotation)
+		if err != nil {
+			return 0, err
+		}
+		if gen == 0 {
+			if _, err := syncookie.Rotate(keys, rotation); err != nil {
+				return 0, err
+			}
+		}
+		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{
+			Hold: cfg.SYN.Hold, CookieLifetime: cfg.SYN.CookieLifetime, ECN: syncookie.ECNEnabled(),
+		}); err != nil {
+			return 0, err
+		}
+	}
+	want := map[uint16]bool{}
+	for _, p := range cfg.SYN.Ports {
+		want[p.Port] = true
+		if h, ok := have[p.Port]; ok && h.Mode == p.Mode && h.ThresholdPerSec == thresholdAsStored(p.Threshold) {
+			continue
+		}
+		if err := syncookie.Protect(ports, stats, p.Port, p.ProtectMode(), p.Threshold); err != nil {
+			return changed, err
+		}
+		d.log.Info("SYN protection set", "port", p.Port, "mode", p.Mode, "threshold_per_sec", p.Threshold)
+		changed++
+	}
+	for _, h := range cur {
+		if !want[h.Port] {
+			if err := syncookie.Protect(ports, stats, h.Port, syncookie.ModeOff, 0); err != nil {
+				return changed, err
+			}
+			d.log.Info("SYN protection removed", "port", h.Port)
+			changed++
+		}
+	}
+	return changed, nil
+}
+
+// thresholdAsStored is the rate syncookie.Status reports for a threshold:
+// the data path keeps it per CPU and per 100 ms window, rounded down.
+func thresholdAsStored(perSec uint32) uint64 {
+	cpus := uint32(max(ebpf.MustPossibleCPU(), 1))
+	w := perSec / 10 / cpus
+	if w == 0 {
+		w = 1
+	}
+	return uint64(w) * 10 * uint64(cpus)
+}

@@ -1,0 +1,437 @@
+// Package daemon is `moat run`: it attaches moat to the configured
+// interfaces, keeps the rules equal to the config file plus the rules added
+// at run time (persisted in the state file), runs the periodic work (expiry
+// of timed rules, SYN cookie key rotation, flood detection for the logs)
+// and serves the local API that the CLI uses.
+//
+// The daemon is the single writer of the pinned state while it runs: every
+// change, from the API, a reload or a timer, runs under one mutex. It opens
+// the pinned state (and so takes shield's lock) only for the length of each
+// change, so that read-only commands and commands that bypass the daemon
+// never wait for more than one change. Stopping or killing the daemon
+// leaves every pin in place: protection does not depend on the process.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/config"
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/shield"
+	"github.com/moat-shield/moat/internal/state"
+	"github.com/moat-shield/moat/internal/syncookie"
+)
+
+// releaseMemory gives the memory of a load back to the system. Two
+// collections: buffers kept in a sync.Pool survive the first one.
+func releaseMemory() {
+	runtime.GC()
+	debug.FreeOSMemory()
+}
+
+// loadGCPercent is the GOGC of the daemon while it loads a config.
+const loadGCPercent = 25
+
+// Options configure Run.
+type Options struct {
+	ConfigPath string
+	// Root overrides the config's daemon.bpffs_root (tests, --root).
+	Root string
+	// Logger overrides the logger the config describes.
+	Logger *slog.Logger
+}
+
+// Daemon is a running moat daemon.
+type Daemon struct {
+	mu sync.Mutex // serialises every change to the pinned state and the state file
+
+	opts     Options
+	cfg      *config.Config // the config applied last
+	root     string
+	st       *state.State
+	log      *slog.Logger
+	logLevel *slog.LevelVar
+
+	started    time.Time
+	lastReload time.Time
+	reloads    int
+
+	flooding map[uint16]bool // SYN flood state per port as last sampled
+}
+
+// Run runs the daemon until ctx is cancelled. SIGHUP reloads the config.
+// It returns an error if the first config cannot be applied.
+func Run(ctx context.Context, opts Options) error {
+	// From the start: SIGHUP's default action would kill a daemon that is
+	// still loading. A reload asked for meanwhile runs once it is ready.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	// Reloads read the same file whatever the working directory becomes.
+	if abs, err := filepath.Abs(opts.ConfigPath); err == nil {
+		opts.ConfigPath = abs
+	}
+	cfg, set, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return err
+	}
+	d := &Daemon{opts: opts, cfg: cfg, started: time.Now(), flooding: map[uint16]bool{}, logLevel: new(slog.LevelVar)}
+	d.root = cfg.Daemon.BPFRoot
+	if opts.Root != "" {
+		d.root = opts.Root
+	}
+	d.log = opts.Logger
+	if d.log == nil {
+		d.log = newLogger(cfg, d.logLevel)
+	}
+	setLevel(d.logLevel, cfg.Daemon.LogLevel)
+	if d.st, err = state.Load(cfg.Daemon.StateFile); err != nil {
+		return err
+	}
+	d.log.Info("starting", "config", opts.ConfigPath, "root", d.root, "state", cfg.Daemon.StateFile, "pid", os.Getpid())
+
+	ln, err := listen(cfg.Daemon.Socket)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ln.Close()
+		os.Remove(cfg.Daemon.Socket)
+	}()
+
+	start := time.Now()
+	// A million rules pass through several copies while they are loaded;
+	// collecting more often keeps the peak near the live size.
+	gc := debug.SetGCPercent(loadGCPercent)
+	d.mu.Lock()
+	var ch Changes
+	err = d.withShield(func(s *shield.Shield) (err error) {
+		ch, err = d.applyDiff(s, nil, cfg, set)
+		return err
+	})
+	if err == nil {
+		// Timed rules that expired meanwhile go at the first expiry run,
+		// from the maps and the state file together.
+		err = state.Save(cfg.Daemon.StateFile, d.st)
+	}
+	d.lastReload = time.Now()
+	d.mu.Unlock()
+	set = nil
+	debug.SetGCPercent(gc)
+	releaseMemory() // the rule lists were only needed to write the maps
+	if err != nil {
+		return err
+	}
+	d.log.Info("ready", "took", time.Since(start).Round(time.Millisecond), "socket", cfg.Daemon.Socket,
+		"rules_written", ch.Added, "rules_removed", ch.Removed, "port_rules", ch.PortRules,
+		"dynamic_rules", len(d.st.Allow)+len(d.st.Deny)+len(d.st.Ports))
+
+	srv := &http.Server{Handler: d.api(), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	metricsSrv, err := d.serveMetrics(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if metricsSrv != nil {
+			metricsSrv.Close()
+		}
+	}()
+
+	notify("READY=1\nSTATUS=protecting")
+
+	d.mu.Lock()
+	c := d.cfg
+	d.mu.Unlock()
+	expire := time.NewTicker(c.Daemon.ExpireEvery)
+	rotate := time.NewTicker(c.SYN.RotateEvery)
+	sample := time.NewTicker(c.Daemon.SampleEvery)
+	defer expire.Stop()
+	defer rotate.Stop()
+	defer sample.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			notify("STOPPING=1")
+			d.log.Info("stopping; the filter stays attached and the rules stay loaded")
+			return nil
+		case <-hup:
+			notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
+			res := d.Reload()
+			if res.OK {
+				d.mu.Lock()
+				c := d.cfg
+				d.mu.Unlock()
+				expire.Reset(c.Daemon.ExpireEvery)
+				rotate.Reset(c.SYN.RotateEvery)
+				sample.Reset(c.Daemon.SampleEvery)
+			}
+			notify("READY=1")
+		case <-expire.C:
+			d.expire()
+		case <-rotate.C:
+			d.rotate()
+		case <-sample.C:
+			d.sample()
+		}
+	}
+}
+
+func newLogger(cfg *config.Config, level *slog.LevelVar) *slog.Logger {
+	o := &slog.HandlerOptions{Level: level}
+	if cfg.Daemon.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, o))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, o))
+}
+
+func setLevel(v *slog.LevelVar, name string) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(name)); err == nil {
+		v.Set(l)
+	}
+}
+
+// listen opens the API socket, readable and writable by root only. A
+// socket left by a killed daemon is replaced; one that answers belongs to
+// a running daemon and is not.
+func listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("API socket: %w", err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("another moat daemon is serving %s", path)
+	}
+	os.Remove(path)
+	// The umask covers the window between bind and chmod.
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("API socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("API socket: %w", err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	return ln, nil
+}
+
+// withShield opens the pinned state for one change. Callers hold d.mu.
+func (d *Daemon) withShield(fn func(*shield.Shield) error) error {
+	s, err := shield.Open(d.root)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return fn(s)
+}
+
+// expire deletes timed rules whose time has passed, from the maps and the
+// state file. Only rules added at run time have a time, so the state file
+// says which to delete; reading a million-entry map every few seconds to
+// find them would cost far more.
+func (d *Daemon) expire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	var due [2][]netip.Prefix
+	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
+		for _, e := range *d.dynamicList(l) {
+			if e.Expires != nil && !e.Expires.After(now) {
+				due[l] = append(due[l], e.Prefix)
+			}
+		}
+	}
+	if len(due[0])+len(due[1]) == 0 {
+		return
+	}
+	err := d.withShield(func(s *shield.Shield) error {
+		for l, prefixes := range due {
+			var present []netip.Prefix
+			for _, p := range prefixes {
+				if ok, err := s.Has(shield.List(l), p); err != nil {
+					return err
+				} else if ok {
+					present = append(present, p)
+				}
+			}
+			if len(present) > 0 {
+				if err := s.RemovePrefixes(shield.List(l), present); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		d.log.Error("expire timed rules", "err", err)
+		return
+	}
+	n := d.st.DropExpired(now)
+	if err := state.Save(d.cfg.Daemon.StateFile, d.st); err != nil {
+		d.log.Error("save state", "err", err)
+	}
+	d.log.Info("expired timed rules", "count", n)
+}
+
+// rotate installs a new SYN cookie key; cookies of the previous key stay
+// valid until the next rotation.
+func (d *Daemon) rotate() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := d.withShield(func(s *shield.Shield) error {
+		gen, err := syncookie.Rotate(s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation))
+		if err == nil {
+			d.log.Debug("rotated SYN cookie key", "generation", gen)
+		}
+		return err
+	})
+	if err != nil {
+		d.log.Error("rotate SYN cookie key", "err", err)
+	}
+}
+
+// sample reads the SYN defence's flood state to log when a flood starts
+// and ends on a port. It reads the pinned maps directly, without the
+// state lock, as any reader may.
+func (d *Daemon) sample() {
+	dir := filepath.Join(d.root, "maps")
+	ports, err := ebpf.LoadPinnedMap(filepath.Join(dir, datapath.MoatMapSynPorts), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return
+	}
+	defer ports.Close()
+	stats, err := ebpf.LoadPinnedMap(filepath.Join(dir, datapath.MoatMapSynStats), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return
+	}
+	defer stats.Close()
+	status, err := syncookie.Status(ports, stats)
+	if err != nil {
+		d.log.Warn("read SYN defence state", "err", err)
+		return
+	}
+	seen := map[uint16]bool{}
+	for _, p := range status {
+		seen[p.Port] = true
+		was := d.flooding[p.Port]
+		if p.Flooding && !was {
+			d.log.Warn("SYN flood started", "port", p.Port, "mode", p.Mode, "threshold_per_sec", p.ThresholdPerSec)
+		} else if !p.Flooding && was {
+			d.log.Info("SYN flood ended", "port", p.Port, "cookies_issued", p.CookiesIssued, "cookies_accepted", p.CookiesAccepted)
+		}
+		d.flooding[p.Port] = p.Flooding
+	}
+	for p := range d.flooding {
+		if !seen[p] {
+			delete(d.flooding, p)
+		}
+	}
+}
+
+// ReloadResult is what a reload did.
+type ReloadResult struct {
+	OK bool `json:"ok"`
+	// Refused: the config was not applied at all (errors in it, or a
+	// change that needs a restart); the rules are exactly as before.
+	Refused  bool          `json:"refused,omitempty"`
+	Errors   []string      `json:"errors,omitempty"`
+	Took     time.Duration `json:"took_ns"`
+	Changes  Changes       `json:"changes"`
+	Reloaded time.Time     `json:"reloaded"`
+}
+
+// Reload reads the config file again and, if it is valid, applies it as a
+// diff. A bad config changes nothing.
+func (d *Daemon) Reload() ReloadResult {
+	start := time.Now()
+	defer debug.SetGCPercent(debug.SetGCPercent(loadGCPercent))
+	defer releaseMemory()
+	cfg, set, err := config.Load(d.opts.ConfigPath)
+	if err != nil {
+		var ce *config.Errors
+		res := ReloadResult{Refused: true}
+		if errors.As(err, &ce) {
+			for _, e := range ce.List {
+				res.Errors = append(res.Errors, (&config.Errors{File: ce.File, List: []config.Error{e}}).Error())
+			}
+		} else {
+			res.Errors = []string{err.Error()}
+		}
+		d.log.Error("reload refused: the config has errors; nothing changed", "errors", len(res.Errors), "first", res.Errors[0])
+		return res
+	}
+	d.log.Debug("reload: config read and checked", "took", time.Since(start).Round(time.Millisecond))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := checkStatic(d.cfg, cfg); err != nil {
+		d.log.Error("reload refused; nothing changed", "err", err)
+		return ReloadResult{Refused: true, Errors: []string{err.Error()}}
+	}
+	var ch Changes
+	err = d.withShield(func(s *shield.Shield) error {
+		var err error
+		ch, err = d.applyDiff(s, d.cfg, cfg, set)
+		return err
+	})
+	set = nil
+	if err != nil {
+		d.log.Error("reload failed part way; the rules present before and after are in place", "err", err)
+		return ReloadResult{Errors: []string{err.Error()}, Changes: ch}
+	}
+	d.cfg = cfg
+	if err := state.Save(cfg.Daemon.StateFile, d.st); err != nil {
+		d.log.Error("save state", "err", err)
+	}
+	setLevel(d.logLevel, cfg.Daemon.LogLevel)
+	d.reloads++
+	d.lastReload = time.Now()
+	res := ReloadResult{OK: true, Took: time.Since(start), Changes: ch, Reloaded: d.lastReload}
+	d.log.Info("reloaded", "took", res.Took.Round(time.Millisecond), "added", ch.Added, "removed", ch.Removed,
+		"port_rules", ch.PortRules, "attached", len(ch.Attached), "detached", len(ch.Detached), "syn_ports", ch.SYNPorts)
+	return res
+}
+
+// checkStatic refuses a reload that changes what only a restart can
+// change: where the state lives and where the API listens.
+func checkStatic(old, cfg *config.Config) error {
+	if old.Daemon.BPFRoot != cfg.Daemon.BPFRoot || old.Daemon.StateFile != cfg.Daemon.StateFile ||
+		old.Daemon.Socket != cfg.Daemon.Socket || !sameMetrics(old.Metrics, cfg.Metrics) {
+		return errors.New("daemon.bpffs_root, daemon.state_file, daemon.socket and metrics change only with a restart")
+	}
+	return nil
+}
+
+func sameMetrics(a, b config.Metrics) bool {
+	return a.On() == b.On() && a.Address == b.Address && a.TopEntries == b.TopEntries
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, as systemd wants it
+// with RELOADING=1.
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano() / 1e3
+}

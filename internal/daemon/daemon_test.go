@@ -1,0 +1,728 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/flood"
+	"github.com/moat-shield/moat/internal/lab"
+	"github.com/moat-shield/moat/internal/ratelimit"
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+	"github.com/moat-shield/moat/internal/state"
+)
+
+// moatBin is the moat binary, built once: the daemon runs as a real
+// process so that it can be killed.
+var moatBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "moat-daemon-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		moatBin = filepath.Join(dir, "moat")
+		out, err := exec.Command("go", "build", "-o", moatBin, "github.com/moat-shield/moat/cmd/moat").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "build moat: %v\n%s", err, out)
+			return 1
+		}
+		return m.Run()
+	}())
+}
+
+// env is one daemon's world: a lab, its own pins, config, state file and
+// socket.
+type env struct {
+	t                    *testing.T
+	lab                  *lab.Lab
+	dir, root, cfg, sock string
+	stateFile            string
+	daemon               *exec.Cmd
+	log                  *syncBuffer
+	exited               chan struct{}
+	startWait            time.Duration // how long start waits for the API (default 20s)
+	notifySocket         string        // $NOTIFY_SOCKET for the daemon, if set
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/bpf", &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
+		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
+			t.Skipf("no bpffs: %v", err)
+		}
+	}
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	base := "moat-dtest-" + hex.EncodeToString(rnd[:])
+	e := &env{t: t, lab: lab.NewT(t), dir: t.TempDir(), root: filepath.Join("/sys/fs/bpf", base)}
+	e.cfg = filepath.Join(e.dir, "moat.yaml")
+	e.sock = filepath.Join(e.dir, "moat.sock")
+	e.stateFile = filepath.Join(e.dir, "state.json")
+	t.Cleanup(func() {
+		e.stop(syscall.SIGTERM)
+		os.RemoveAll(e.root)
+		locks, _ := filepath.Glob("/run/moat-*" + base + ".lock")
+		for _, l := range locks {
+			os.Remove(l)
+		}
+	})
+	return e
+}
+
+// writeConfig writes the config with the daemon section of this env
+// appended.
+func (e *env) writeConfig(body string) {
+	e.t.Helper()
+	text := body + fmt.Sprintf("metrics:\n  enabled: false\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n  expire_every: 1s\n  log_level: debug\n",
+		e.root, e.stateFile, e.sock)
+	if err := os.WriteFile(e.cfg, []byte(text), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// start runs the daemon in the server's network namespace and waits
+// until its API answers.
+func (e *env) start() {
+	e.t.Helper()
+	e.log = &syncBuffer{}
+	e.daemon = e.lab.Server.Command(context.Background(), moatBin, "run", "--config", e.cfg)
+	if e.notifySocket != "" {
+		e.daemon.Env = append(os.Environ(), "NOTIFY_SOCKET="+e.notifySocket)
+	}
+	e.daemon.Stdout, e.daemon.Stderr = e.log, e.log
+	if err := e.daemon.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.exited = make(chan struct{})
+	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); close(done) }(e.daemon, e.exited)
+	wait := e.startWait
+	if wait == 0 {
+		wait = 20 * time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		if e.ready() {
+			return
+		}
+		select {
+		case <-e.exited:
+			e.t.Fatalf("daemon exited at start:\n%s", e.log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("daemon not ready after %s:\n%s", wait, e.log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *env) ready() bool {
+	c, err := net.Dial("unix", e.sock)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return strings.Contains(e.log.String(), "msg=ready")
+}
+
+// stop sends sig to the daemon and waits for it to exit.
+func (e *env) stop(sig syscall.Signal) {
+	if e.daemon == nil || e.daemon.Process == nil {
+		return
+	}
+	select {
+	case <-e.exited:
+		return
+	default:
+	}
+	e.daemon.Process.Signal(sig)
+	select {
+	case <-e.exited:
+	case <-time.After(10 * time.Second):
+		e.daemon.Process.Kill()
+		<-e.exited
+	}
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// moat runs the CLI on the host, pointed at this env's pins and socket.
+func (e *env) moat(args ...string) result {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, moatBin, args...)
+	cmd.Env = append(os.Environ(), "MOAT_SOCKET="+e.sock, "MOAT_ROOT="+e.root)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		e.t.Fatalf("moat %v: %v", args, err)
+	}
+	return result{code, out.String(), errb.String()}
+}
+
+func (e *env) mustMoat(args ...string) result {
+	e.t.Helper()
+	r := e.moat(args...)
+	if r.code != 0 {
+		e.t.Fatalf("moat %s: exit %d\n%s%s\ndaemon log:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr, e.log)
+	}
+	return r
+}
+
+// rulesNow lists the rules in the maps, without hits, as sorted lines.
+func (e *env) rulesNow() []string {
+	e.t.Helper()
+	var rs rules.Ruleset
+	r := e.mustMoat("list", "--json")
+	if err := json.Unmarshal([]byte(r.stdout), &rs); err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, x := range rs.Allow {
+		out = append(out, "allow "+x.Prefix.String()+" "+x.Comment)
+	}
+	for _, x := range rs.Deny {
+		out = append(out, "deny "+x.Prefix.String()+" "+x.Comment)
+	}
+	for _, p := range rs.Ports {
+		out = append(out, "port "+p.Spec.String()+" "+p.Action.String())
+	}
+	sort.Strings(out)
+	return out
+}
+
+func contains(lines []string, want string) bool {
+	for _, l := range lines {
+		if strings.TrimSpace(l) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// counters reads the server's attacker-facing interface counters.
+func (e *env) counters() shield.Counters {
+	e.t.Helper()
+	s, err := shield.Open(e.root)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.Counters(e.attackerIf())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// limits reads the stored rate limits.
+func (e *env) limits() []ratelimit.Status {
+	e.t.Helper()
+	s, err := shield.Open(e.root)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer s.Close()
+	m, err := ratelimit.NewMaps(s.Map)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	l, err := m.Limits()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return l
+}
+
+func (e *env) attachment() shield.Attachment {
+	e.t.Helper()
+	s, err := shield.Open(e.root)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer s.Close()
+	atts, err := s.Attachments()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, a := range atts {
+		if a.Iface == e.attackerIf() {
+			return a
+		}
+	}
+	e.t.Fatalf("moat is not attached to %s: %+v", e.attackerIf(), atts)
+	return shield.Attachment{}
+}
+
+func (e *env) attackerIf() string { return e.lab.Server.Ifaces[1].Name }
+func (e *env) clientIf() string   { return e.lab.Server.Ifaces[0].Name }
+
+// floodRun is a spoofed UDP flood from the attacker, capped in rate, that
+// runs until stopped.
+type floodRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	res    flood.Result
+	err    error
+}
+
+func (e *env) startFlood(rate uint64, port uint16) *floodRun {
+	e.t.Helper()
+	ifc := e.lab.Attacker.Ifaces[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &floodRun{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		f.err = e.lab.Attacker.Do(func() error {
+			var err error
+			f.res, err = flood.Run(ctx, flood.Config{
+				Kind: flood.KindUDP, IfIndex: ifc.Index, DstMAC: ifc.PeerMAC,
+				Sources: e.lab.SpoofV4, Dst: ifc.PeerIPv4, DstPort: port, Rate: rate,
+			})
+			return err
+		})
+	}()
+	e.t.Cleanup(f.stop)
+	return f
+}
+
+func (f *floodRun) stop() {
+	f.cancel()
+	<-f.done
+}
+
+// udpSink counts datagrams received by a server socket.
+type udpSink struct {
+	port uint16
+	mu   sync.Mutex
+	n    int
+	got  map[string]bool
+}
+
+func (e *env) listenUDP() *udpSink {
+	e.t.Helper()
+	s := &udpSink{got: map[string]bool{}}
+	err := e.lab.Server.Do(func() error {
+		pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
+		if err != nil {
+			return err
+		}
+		e.t.Cleanup(func() { pc.Close() })
+		s.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
+		go func() {
+			buf := make([]byte, 2048)
+			for {
+				n, _, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				s.mu.Lock()
+				s.n++
+				s.got[string(buf[:n])] = true
+				s.mu.Unlock()
+			}
+		}()
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func (s *udpSink) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// sendFromClient sends one datagram from the client and tells whether it
+// arrived within wait.
+func (e *env) sendFromClient(s *udpSink, wait time.Duration) bool {
+	e.t.Helper()
+	var b [6]byte
+	rand.Read(b[:])
+	payload := "client-" + hex.EncodeToString(b[:])
+	ifc := e.lab.Client.Ifaces[0]
+	err := e.lab.Client.Do(func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(ifc.PeerIPv4, s.port)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte(payload))
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		ok := s.got[payload]
+		s.mu.Unlock()
+		if ok {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
+}
+
+// writeHosts writes n distinct /32s from base as a plain list.
+func writeHosts(t *testing.T, path string, base netip.Addr, n int) {
+	t.Helper()
+	var b strings.Builder
+	a := base
+	for range n {
+		b.WriteString(a.String())
+		b.WriteByte('\n')
+		a = a.Next()
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A reload under a flood: a bad config is refused and changes nothing; a
+// good one that changes 100,000 entries, including the ones that drop the
+// flood (one /16 replaced by two /17s), lets not one flood packet through.
+func TestReloadUnderFlood(t *testing.T) {
+	e := newEnv(t)
+	sink := e.listenUDP()
+	const hosts = 50_000
+	writeHosts(t, filepath.Join(e.dir, "a.list"), netip.MustParseAddr("10.1.0.0"), hosts)
+	writeHosts(t, filepath.Join(e.dir, "b.list"), netip.MustParseAddr("10.2.0.0"), hosts)
+	client := e.lab.Client.Ifaces[0].IPv4.Addr()
+	ifaces := fmt.Sprintf("interfaces:\n  - name: %s\n  - name: %s\n", e.attackerIf(), e.clientIf())
+	good1 := ifaces + fmt.Sprintf(`deny:
+  - %s
+  - prefix: %s
+    comment: client, until the reload
+lists:
+  - file: a.list
+ports:
+  - rule: udp/19
+    action: drop
+`, e.lab.SpoofV4, client)
+	half := e.lab.SpoofV4.Bits() + 1
+	lo := netip.PrefixFrom(e.lab.SpoofV4.Addr(), half)
+	hiAddr := e.lab.SpoofV4.Addr().As4()
+	bit := half - 1
+	hiAddr[bit/8] |= 0x80 >> (bit % 8)
+	hi := netip.PrefixFrom(netip.AddrFrom4(hiAddr), half)
+	good2 := ifaces + fmt.Sprintf(`deny:
+  - %s
+  - %s
+lists:
+  - file: b.list
+ports:
+  - rule: udp/19
+    action: drop
+  - rule: tcp/7
+    action: drop
+limits:
+  - kind: source
+    scope: udp/53
+    pps: 100
+`, lo, hi)
+	bad := strings.Replace(good2, "limits:", "  - rule: udp/70000\n    action: drop\nlimitz: 3\nlimits:", 1)
+
+	e.writeConfig(good1)
+	e.start()
+	if e.sendFromClient(sink, 300*time.Millisecond) {
+		t.Fatal("the client is denied by the first config, yet its datagram arrived")
+	}
+	before := e.rulesNow()
+	if len(before) != hosts+3 {
+		t.Fatalf("%d rules loaded, want %d", len(before), hosts+3)
+	}
+	c0 := e.counters()
+
+	f := e.startFlood(100_000, sink.port)
+	time.Sleep(300 * time.Millisecond)
+
+	// A bad config: refused with every error and its line; nothing changes.
+	e.writeConfig(bad)
+	r := e.moat("reload")
+	if r.code != 2 {
+		t.Fatalf("reload of a bad config: exit %d, want 2\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"moat.yaml:14: ports[3]: invalid port rule", `moat.yaml:16: unknown key "limitz"`, "unchanged"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("reload errors do not say %q:\n%s", want, r.stderr)
+		}
+	}
+	if after := e.rulesNow(); strings.Join(after, "\n") != strings.Join(before, "\n") {
+		t.Fatalf("a refused reload changed the rules")
+	}
+
+	// A good config, applied while the flood runs.
+	e.writeConfig(good2)
+	r = e.mustMoat("reload")
+	t.Logf("%s", strings.TrimSpace(r.stdout))
+	time.Sleep(300 * time.Millisecond)
+	f.stop()
+	if f.err != nil {
+		t.Fatalf("flood: %v", f.err)
+	}
+
+	after := e.rulesNow()
+	for _, want := range []string{"deny " + lo.String(), "deny " + hi.String(), "deny 10.2.0.0/32", "port tcp/7 drop", "port udp/19 drop"} {
+		if !contains(after, want) {
+			t.Errorf("after the reload, %q is missing", want)
+		}
+	}
+	for _, gone := range []string{"deny " + e.lab.SpoofV4.String(), "deny 10.1.0.0/32", "deny " + client.String() + "/32 client, until the reload"} {
+		if contains(after, gone) {
+			t.Errorf("after the reload, %q is still there", gone)
+		}
+	}
+	if l := e.limits(); len(l) != 1 || l[0].Scope.String() != "udp/53" || l[0].PPS != 100 {
+		t.Errorf("rate limits after the reload: %+v, want a source limit of 100 pps on udp/53", l)
+	}
+	if len(after) != hosts+4 {
+		t.Errorf("%d rules after the reload, want %d", len(after), hosts+4)
+	}
+
+	c1 := e.counters()
+	passed := c1.Passed.Packets - c0.Passed.Packets
+	dropped := c1.ByReason["denylist"].Dropped.Packets - c0.ByReason["denylist"].Dropped.Packets
+	t.Logf("flood: %d frames sent at %.0f pps; at the server: %d dropped by the denylist, %d passed, %d received by the socket",
+		f.res.Sent, f.res.PPS, dropped, passed, sink.count())
+	if f.res.Sent < 20_000 {
+		t.Fatalf("the flood sent only %d frames; the test saw no load", f.res.Sent)
+	}
+	if passed != 0 || sink.count() != 0 {
+		t.Fatalf("%d flood packets passed the filter (%d reached the socket) during the reloads", passed, sink.count())
+	}
+	if dropped < f.res.Sent*95/100 {
+		t.Fatalf("%d of %d flood frames dropped by the denylist: the flood did not reach the filter", dropped, f.res.Sent)
+	}
+	// The rule that denied the client is gone: its traffic passes now.
+	if !e.sendFromClient(sink, 3*time.Second) {
+		t.Fatal("the second config no longer denies the client, yet its datagram did not arrive")
+	}
+	if !strings.Contains(e.log.String(), "msg=\"reload refused") || !strings.Contains(e.log.String(), "msg=reloaded") {
+		t.Errorf("the daemon's log lacks the refused and the good reload:\n%s", e.log)
+	}
+}
+
+// SIGKILL of the daemon during a flood: the flood stays dropped, a new
+// daemon adopts the pins without detaching (same link, counters kept), and
+// the rules added through the API before the kill, concurrently, are all
+// there. After a "reboot" (no pins), everything comes back from the config
+// and the state file.
+func TestKillAdoptRestore(t *testing.T) {
+	e := newEnv(t)
+	sink := e.listenUDP()
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - %s\n", e.attackerIf(), e.lab.SpoofV4))
+	// systemd's readiness protocol: a datagram on $NOTIFY_SOCKET.
+	e.notifySocket = filepath.Join(e.dir, "notify.sock")
+	notifyConn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: e.notifySocket, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notifyConn.Close()
+	e.start()
+	notifyConn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 512)
+	if n, err := notifyConn.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "READY=1") {
+		t.Errorf("no READY=1 on $NOTIFY_SOCKET: %q, %v", buf[:n], err)
+	}
+	// SIGHUP reloads, as systemctl reload does.
+	e.daemon.Process.Signal(syscall.SIGHUP)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(e.log.String(), "msg=reloaded"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload after SIGHUP:\n%s", e.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.notifySocket = ""
+
+	// Concurrent changes through the API: none may be lost.
+	const parallel = 16
+	var wg sync.WaitGroup
+	results := make([]result, parallel)
+	for i := range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = e.moat("block", fmt.Sprintf("10.77.0.%d", i+1), "--comment", fmt.Sprintf("api %d", i+1))
+		}()
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.code != 0 || !strings.Contains(r.stderr, "via moat daemon") {
+			t.Fatalf("block %d: exit %d, stderr %q (want it to go via the daemon)", i+1, r.code, r.stderr)
+		}
+	}
+	e.mustMoat("port", "drop", "udp/7")
+	e.mustMoat("block", "10.78.0.0/16", "--ttl", "1h")
+	st, err := state.Load(e.stateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Deny) != parallel+1 || len(st.Ports) != 1 {
+		t.Fatalf("state file holds %d deny entries and %d port rules, want %d and 1", len(st.Deny), len(st.Ports), parallel+1)
+	}
+	// A timed rule, gone by the end of the test.
+	e.mustMoat("block", "10.79.0.1", "--ttl", "2s")
+	// A rule of the config cannot be removed through the API.
+	if r := e.moat("unblock", e.lab.SpoofV4.String()); r.code != 2 || !strings.Contains(r.stderr, "comes from the config file") {
+		t.Errorf("unblock of a config rule: exit %d, %q", r.code, r.stderr)
+	}
+
+	att0 := e.attachment()
+	f := e.startFlood(100_000, sink.port)
+	time.Sleep(300 * time.Millisecond)
+	e.stop(syscall.SIGKILL)
+	c0 := e.counters()
+	time.Sleep(500 * time.Millisecond)
+	c1 := e.counters()
+	if c1.ByReason["denylist"].Dropped.Packets <= c0.ByReason["denylist"].Dropped.Packets {
+		t.Fatalf("no drops while the daemon was dead: %d then %d", c0.ByReason["denylist"].Dropped.Packets, c1.ByReason["denylist"].Dropped.Packets)
+	}
+	// Without a daemon, the CLI uses the pins itself.
+	if r := e.mustMoat("list"); strings.Contains(r.stderr, "via moat daemon") {
+		t.Errorf("the daemon is dead, yet the CLI says it went through it")
+	}
+
+	e.start()
+	att1 := e.attachment()
+	c2 := e.counters()
+	f.stop()
+	if f.err != nil {
+		t.Fatalf("flood: %v", f.err)
+	}
+	if att1.LinkID != att0.LinkID {
+		t.Errorf("link %d replaced by link %d: the restart detached and attached again", att0.LinkID, att1.LinkID)
+	}
+	if c2.ByReason["denylist"].Dropped.Packets < c1.ByReason["denylist"].Dropped.Packets {
+		t.Errorf("counters went back from %d to %d: the restart lost them", c1.ByReason["denylist"].Dropped.Packets, c2.ByReason["denylist"].Dropped.Packets)
+	}
+	cEnd := e.counters()
+	t.Logf("flood: %d frames; link %d kept (program %d -> %d); %d dropped by the denylist, %d passed",
+		f.res.Sent, att1.LinkID, att0.ProgramID, att1.ProgramID, cEnd.ByReason["denylist"].Dropped.Packets, cEnd.Passed.Packets)
+	if cEnd.Passed.Packets != 0 || sink.count() != 0 {
+		t.Fatalf("%d flood packets passed (%d reached the socket) across the kill and restart", cEnd.Passed.Packets, sink.count())
+	}
+	checkRules := func(when string) {
+		t.Helper()
+		now := e.rulesNow()
+		for i := range parallel {
+			if want := fmt.Sprintf("deny 10.77.0.%d/32 api %d", i+1, i+1); !contains(now, want) {
+				t.Errorf("%s: %q is missing", when, want)
+			}
+		}
+		for _, want := range []string{"deny " + e.lab.SpoofV4.String(), "deny 10.78.0.0/16", "port udp/7 drop"} {
+			if !contains(now, want) {
+				t.Errorf("%s: %q is missing", when, want)
+			}
+		}
+	}
+	checkRules("after SIGKILL and restart")
+	deadline := time.Now().Add(10 * time.Second)
+	for contains(e.rulesNow(), "deny 10.79.0.1/32") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the rule with a 2s TTL is still there 10s later:\n%s", e.log)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if st, err := state.Load(e.stateFile); err != nil || len(st.Deny) != parallel+1 {
+		t.Errorf("after the expiry the state file has %d deny entries (%v), want %d", len(st.Deny), err, parallel+1)
+	}
+
+	// A reboot: the daemon stops, the pins go, a daemon starts.
+	e.stop(syscall.SIGTERM)
+	if _, err := os.Stat(e.root); err != nil {
+		t.Fatalf("a stopped daemon removed its pins: %v", err)
+	}
+	if err := os.RemoveAll(e.root); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	checkRules("after a reboot")
+	if a := e.attachment(); a.LinkID == 0 {
+		t.Errorf("not attached after the reboot")
+	}
+}
+
+// check-config through the command line: every error on its own line as
+// FILE:LINE: message, exit status 2; the shipped example passes.
+func TestCheckConfigCommand(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("interfaces:\n  - name: eth0\n    mode: warp\ndeny:\n  - 10.0.0.0/33\nsyn:\n  rotate_every: soon\n"), 0o600)
+	var out, errb bytes.Buffer
+	cmd := exec.Command(moatBin, "check-config", bad)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("check-config of a bad file: %v, want exit status 2\n%s", err, errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+	want := []string{bad + ":2: interfaces[1]: invalid mode", bad + ":5: deny[1]: invalid CIDR", bad + ":7: syn.rotate_every: want a duration", "moat: " + bad + ": 3 errors"}
+	if len(lines) != len(want) {
+		t.Fatalf("stderr has %d lines, want %d:\n%s", len(lines), len(want), errb.String())
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d is %q, want it to start with %q", i+1, lines[i], w)
+		}
+	}
+	if out.Len() != 0 {
+		t.Errorf("stdout: %q", out.String())
+	}
+	r, err := exec.Command(moatBin, "check-config", "../../dist/moat.yaml").CombinedOutput()
+	if err != nil || !strings.Contains(string(r), "ok:") {
+		t.Errorf("check-config dist/moat.yaml: %v\n%s", err, r)
+	}
+}

@@ -1,0 +1,188 @@
+package syncookie
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+// TestForgedZeroKeyACKsRefused: after the first Rotate (generation 1, the
+// state `moat syn protect` leaves) a blind attacker who never sent a SYN
+// computes cookies with the all-zero key of slot 0. None may reach
+// accept(); XDP drops them all.
+func TestForgedZeroKeyACKsRefused(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	_, accepted := echoServer(t, s.lab.Server)
+	send := rawSender(t, s.lab.Attacker)
+	ifc := s.lab.Attacker.Ifaces[0]
+	before := s.status(t)
+	const n = 5
+	for i := range n {
+		src := netip.AddrFrom4([4]byte{198, 19, 7, byte(10 + i)})
+		sport := uint16(30000 + i)
+		isn := uint32(0x01020304 * (i + 1))
+		meta := Meta(1460, true, 7, true, true, false, 0, false) // key bit 0: slot 0
+		tuple := Tuple{netip.AddrPortFrom(src, sport), netip.AddrPortFrom(ifc.PeerIPv4, labPort)}
+		send(testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC,
+			Net: testpkt.IPv4{Src: src, Dst: ifc.PeerIPv4},
+			L4:  testpkt.TCP{SrcPort: sport, DstPort: labPort, Seq: isn + 1, Ack: Cookie(Key{}, tuple, isn, meta) + 1, ACK: true}}.Bytes())
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for s.status(t).ACKsDropped-before.ACKsDropped < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case c := <-accepted:
+		t.Fatalf("the server accepted a forged connection from %v", c.RemoteAddr())
+	case <-time.After(200 * time.Millisecond):
+	}
+	if st := s.status(t); st.ACKsDropped-before.ACKsDropped != n || st.CookiesAccepted != before.CookiesAccepted {
+		t.Errorf("status %+v: want %d more ACKs dropped, none accepted", st, n)
+	}
+}
+
+// TestTimeWaitReuse: the server closes first, so its socket sits in
+// TIME_WAIT, and the client reconnects from the same port. The kernel must
+// handle that SYN (the time-wait socket would swallow the third ACK of a
+// moat handshake and the client would hang).
+func TestTimeWaitReuse(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	var ln net.Listener
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	if err := s.lab.Server.Do(func() (err error) {
+		ln, err = lc.Listen(context.Background(), "tcp", fmt.Sprintf("[::]:%d", labPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hi"))
+			c.Close() // the server closes first: TIME_WAIT on the server
+		}
+	}()
+	addr := netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, labPort).String()
+	d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{Port: 45678},
+		Control: func(_, _ string, c syscall.RawConn) error {
+			var e error
+			c.Control(func(fd uintptr) { e = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+			return e
+		}}
+	for i := range 2 {
+		var b []byte
+		err := s.lab.Client.Do(func() error {
+			c, err := d.Dial("tcp", addr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			b, err = io.ReadAll(c)
+			return err
+		})
+		if err != nil || string(b) != "hi" {
+			t.Fatalf("connection %d from the same port: read %q, %v", i, b, err)
+		}
+	}
+	// The first handshake was moat's, the second the kernel's.
+	if st := s.status(t); st.CookiesIssued != 1 || st.CookiesAccepted != 1 {
+		t.Errorf("status %+v: want exactly one moat handshake", st)
+	}
+}
+
+// TestLaterTcxProgramsRun: moat's tc program does not end the tcx chain
+// when it has nothing to decide, so a program attached after it (here one
+// that drops everything) still runs.
+func TestLaterTcxProgramsRun(t *testing.T) {
+	s := newShielded(t, ModeNever)
+	_, accepted := echoServer(t, s.lab.Server)
+	ifc := s.lab.Server.Ifaces[0]
+	drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* TC_ACT_SHOT */), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { drop.Close() })
+	if err := s.lab.Server.Do(func() error {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: drop, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { l.Close() })
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err = s.lab.Client.Do(func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, labPort).String(), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if err == nil {
+		t.Fatal("connected although a later tcx program drops everything: the chain ended at moat")
+	}
+	select {
+	case c := <-accepted:
+		t.Fatalf("server accepted %v", c.RemoteAddr())
+	default:
+	}
+}
+
+// TestHandshakeKeepsECN: a client that asks for ECN gets it through a moat
+// handshake, on both sockets.
+func TestHandshakeKeepsECN(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	_, accepted := echoServer(t, s.lab.Server)
+	for _, h := range []struct {
+		do  func(func() error) error
+		val string
+	}{{s.lab.Client.Do, "1"}, {s.lab.Server.Do, "2"}} {
+		if err := h.do(func() error { return os.WriteFile("/proc/sys/net/ipv4/tcp_ecn", []byte(h.val), 0) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.lab.Server.Do(func() error {
+		return Configure(s.objs.SynSettings, Config{ECN: ECNEnabled()})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []netip.Addr{s.lab.Client.Ifaces[0].PeerIPv4, s.lab.Client.Ifaces[0].PeerIPv6} {
+		before := s.status(t)
+		c := dial(t, s.lab.Client, addr)
+		var srv *net.TCPConn
+		select {
+		case srv = <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatal("server accepted nothing")
+		}
+		exchange(t, c, 4096)
+		if st := s.status(t); st.CookiesAccepted != before.CookiesAccepted+1 {
+			t.Fatalf("%s: not a moat handshake: %+v", addr, st)
+		}
+		const optECN = 8 // TCPI_OPT_ECN
+		if ci, si := tcpInfo(t, c), tcpInfo(t, srv); ci.Options&optECN == 0 || si.Options&optECN == 0 {
+			t.Errorf("%s: ECN not agreed: client options %#x, server %#x", addr, ci.Options, si.Options)
+		}
+	}
+}
