@@ -315,75 +315,12 @@ func toEntry(e rules.PrefixEntry) shield.Entry {
 	return out
 }
 
-// applyPorts makes the port rules equal to want. A new rule that overlaps
-// no stale one is added before anything is removed. A rule whose range or
-// action changes shares slots with the rule it replaces, and shield
-// refuses overlapping rules, so for those the old rule goes first: that
-// port range is without a rule for the moment between the two writes.
+// applyPorts makes the port rules equal to want, without a moment where a
+// changed rule's ports have no rule (see shield.SetPortRules).
 func (d *Daemon) applyPorts(s *shield.Shield, want []rules.PortEntry, ch *Changes) error {
-	cur, err := s.PortRules()
-	if err != nil {
-		return err
-	}
-	keep := map[rules.PortEntry]bool{}
-	for _, w := range want {
-		keep[w] = true
-	}
-	var stale []shield.PortRule
-	have := map[rules.PortEntry]bool{}
-	for _, c := range cur {
-		e := rules.PortEntry{Spec: c.Spec, Action: c.Action}
-		if keep[e] {
-			have[e] = true
-		} else {
-			stale = append(stale, c)
-		}
-	}
-	removed := map[rules.PortSpec]bool{}
-	var later []rules.PortEntry
-	for _, w := range want {
-		if have[w] {
-			continue
-		}
-		overlaps := false
-		for _, st := range stale {
-			if st.Spec.Overlaps(w.Spec) {
-				overlaps = true
-			}
-		}
-		if overlaps {
-			later = append(later, w)
-			continue
-		}
-		if err := s.AddPortRule(w.Spec, w.Action); err != nil {
-			return err
-		}
-		ch.PortRules++
-	}
-	for _, w := range later {
-		for _, st := range stale {
-			if st.Spec.Overlaps(w.Spec) && !removed[st.Spec] {
-				if err := s.RemovePortRule(st.Spec); err != nil {
-					return err
-				}
-				removed[st.Spec] = true
-				ch.PortRules++
-			}
-		}
-		if err := s.AddPortRule(w.Spec, w.Action); err != nil {
-			return err
-		}
-		ch.PortRules++
-	}
-	for _, st := range stale {
-		if !removed[st.Spec] {
-			if err := s.RemovePortRule(st.Spec); err != nil {
-				return err
-			}
-			ch.PortRules++
-		}
-	}
-	return nil
+	n, err := s.SetPortRules(want)
+	ch.PortRules += n
+	return err
 }
 
 // applySYN sets the protected ports, installs the first cookie key when

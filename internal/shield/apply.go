@@ -53,33 +53,23 @@ func (s *Shield) Apply(rs *rules.Ruleset, replace bool) (ApplyResult, error) {
 		res.Added += len(entries)
 	}
 
-	// Port rules: in replace mode, rules that overlap a new one are removed
-	// first (a port rule cannot share a slot); the rest are added.
-	for _, c := range current {
-		a, keep := wanted[c.Spec]
-		switch {
-		case keep && a == c.Action:
-			delete(wanted, c.Spec)
-		case keep:
-			if err := s.setPortRule(c.ID, c.Spec, a); err != nil {
-				return res, err
+	// Port rules: in replace mode the file's rules are the whole set; in
+	// merge mode they join the current ones, a rule for the same ports
+	// taking the file's action.
+	want := rs.Ports
+	if !replace {
+		want = nil
+		for _, c := range current {
+			if _, ok := wanted[c.Spec]; !ok {
+				want = append(want, rules.PortEntry{Spec: c.Spec, Action: c.Action})
 			}
-			delete(wanted, c.Spec)
-			res.PortRules++
-		case replace:
-			if err := s.RemovePortRule(c.Spec); err != nil {
-				return res, err
-			}
-			res.PortRules++
 		}
+		want = append(want, rs.Ports...)
 	}
-	for _, p := range rs.Ports {
-		if a, ok := wanted[p.Spec]; ok {
-			if err := s.AddPortRule(p.Spec, a); err != nil {
-				return res, err
-			}
-			res.PortRules++
-		}
+	n, err := s.SetPortRules(want)
+	res.PortRules += n
+	if err != nil {
+		return res, err
 	}
 	if rs.Settings != nil {
 		if err := s.SetSettings(*rs.Settings); err != nil {

@@ -212,3 +212,106 @@ func (s *Shield) writeSettings(set rules.Settings) error {
 	}
 	return s.maps[datapath.MoatMapSettings].Update(uint32(0), v, ebpf.UpdateAny)
 }
+
+// SetPortRules makes the port rules equal to want and returns how many
+// rules it added or removed. Unchanged rules are left alone (their hits
+// keep counting). A changed rule never leaves its ports without a rule: the
+// new rule is written over the slots of the old one, each slot flipping in
+// one element write, and only then are the old rule's remaining slots and
+// definition cleared.
+func (s *Shield) SetPortRules(want []rules.PortEntry) (int, error) {
+	for i, w := range want {
+		if w.Action != rules.Drop && w.Action != rules.Allow {
+			return 0, userErrorf("port rule %s: missing action", w.Spec)
+		}
+		for _, o := range want[:i] {
+			if o.Spec.Overlaps(w.Spec) {
+				return 0, userErrorf("port rules %s and %s overlap", o.Spec, w.Spec)
+			}
+		}
+	}
+	cur, err := s.PortRules()
+	if err != nil {
+		return 0, err
+	}
+	keep := map[rules.PortEntry]bool{}
+	for _, w := range want {
+		keep[rules.PortEntry{Spec: w.Spec, Action: w.Action}] = true
+	}
+	used := map[uint16]bool{}
+	have := map[rules.PortEntry]bool{}
+	var stale []PortRule
+	for _, c := range cur {
+		used[c.ID] = true
+		e := rules.PortEntry{Spec: c.Spec, Action: c.Action}
+		if keep[e] {
+			have[e] = true
+		} else {
+			stale = append(stale, c)
+		}
+	}
+	limit := int(s.maps[datapath.MoatMapPortRuleDefs].MaxEntries())
+	next := uint16(1)
+	changes := 0
+	for _, w := range want {
+		if have[rules.PortEntry{Spec: w.Spec, Action: w.Action}] {
+			continue
+		}
+		for int(next) < limit && used[next] {
+			next++
+		}
+		if int(next) >= limit {
+			return changes, userErrorf("no room for port rule %s: %d rules is the limit", w.Spec, limit-1)
+		}
+		used[next] = true
+		zero := make([]uint64, ebpf.MustPossibleCPU())
+		if err := s.maps[datapath.MoatMapPortRuleHits].Update(uint32(next), zero, ebpf.UpdateAny); err != nil {
+			return changes, err
+		}
+		if err := s.setPortRule(next, w.Spec, w.Action); err != nil {
+			return changes, err
+		}
+		changes++
+	}
+	for _, st := range stale {
+		// Clear the slots that no wanted rule has taken over.
+		for _, r := range uncovered(st.Spec, want) {
+			if err := s.writePorts(r, datapath.MoatPortRule{}); err != nil {
+				return changes, err
+			}
+		}
+		if err := s.maps[datapath.MoatMapPortRuleDefs].Update(uint32(st.ID), datapath.MoatPortRuleDef{}, ebpf.UpdateAny); err != nil {
+			return changes, err
+		}
+		changes++
+	}
+	return changes, nil
+}
+
+// uncovered returns the parts of spec that no rule in want covers.
+func uncovered(spec rules.PortSpec, want []rules.PortEntry) []rules.PortSpec {
+	covered := make([]bool, int(spec.To)-int(spec.From)+1)
+	for _, w := range want {
+		if !w.Spec.Overlaps(spec) {
+			continue
+		}
+		lo, hi := max(w.Spec.From, spec.From), min(w.Spec.To, spec.To)
+		for p := int(lo); p <= int(hi); p++ {
+			covered[p-int(spec.From)] = true
+		}
+	}
+	var out []rules.PortSpec
+	for i := 0; i < len(covered); {
+		if covered[i] {
+			i++
+			continue
+		}
+		j := i
+		for j+1 < len(covered) && !covered[j+1] {
+			j++
+		}
+		out = append(out, rules.PortSpec{Class: spec.Class, From: spec.From + uint16(i), To: spec.From + uint16(j)})
+		i = j + 1
+	}
+	return out
+}
