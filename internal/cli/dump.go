@@ -123,6 +123,25 @@ func runDump(cmd *cobra.Command, g *globals, d *dumpFlags) error {
 		out = cmd.OutOrStdout()
 	}
 
+	// A daemon's config bounds every capture on its host.
+	limits, err := g.daemonCaptureLimits()
+	if err != nil {
+		return err
+	}
+	var rateCap uint32
+	if limits != nil {
+		if !limits.Enabled {
+			return usagef("captures are turned off in the moat daemon's config (capture.enabled)")
+		}
+		if limits.MaxSnaplen != 0 && (f.Snaplen == 0 || f.Snaplen > limits.MaxSnaplen) {
+			if f.Snaplen > limits.MaxSnaplen {
+				fmt.Fprintf(stderr, "moat dump: snaplen lowered to %d by the daemon's config\n", limits.MaxSnaplen)
+			}
+			f.Snaplen = min(limits.MaxSnaplen, capture.MaxSnaplen)
+		}
+		rateCap = limits.MaxRate
+	}
+
 	s, err := g.openExisting()
 	if err != nil {
 		return err
@@ -220,12 +239,21 @@ func runDump(cmd *cobra.Command, g *globals, d *dumpFlags) error {
 		captured, lostShown, lapsesShown uint64
 		lastFlush, lastReport            = time.Now(), time.Now()
 		writeErr                         error
+		// rateCap: packets written per second at most; the rest of each
+		// second's packets are read from the ring and counted, not kept.
+		windowStart        = time.Now()
+		inWindow, overRate uint64
+		overRateShown      uint64
 	)
 	report := func() {
 		lost, _ := sess.Lost()
 		if lost != lostShown {
 			fmt.Fprintf(stderr, "moat dump: %d packets captured, %d lost so far (ring buffer full)\n", captured, lost)
 			lostShown = lost
+		}
+		if overRate != overRateShown {
+			fmt.Fprintf(stderr, "moat dump: %d packets skipped over the daemon's capture.max_rate of %d/s\n", overRate, rateCap)
+			overRateShown = overRate
 		}
 		if l := sess.Lapses(); l != lapsesShown {
 			fmt.Fprintln(stderr, "moat dump: capture lapsed (this process was stopped or starved for seconds); packets went uncaptured")
@@ -249,6 +277,14 @@ loop:
 		case err != nil:
 			return err
 		default:
+			if now.Sub(windowStart) >= time.Second {
+				windowStart, inWindow = now, 0
+			}
+			if rateCap != 0 && inWindow >= uint64(rateCap) {
+				overRate++
+				break
+			}
+			inWindow++
 			if writeErr = w.WritePacket(p, comment(p)); writeErr != nil {
 				break loop
 			}

@@ -726,3 +726,16 @@ func TestCheckConfigCommand(t *testing.T) {
 		t.Errorf("check-config dist/moat.yaml: %v\n%s", err, r)
 	}
 }
+
+// TestCaptureTurnedOff checks that the config's capture section binds
+// `moat dump` on a host with a daemon: with captures turned off, a dump is
+// refused as a usage error.
+func TestCaptureTurnedOff(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ncapture:\n  enabled: false\n", e.attackerIf()))
+	e.start()
+	r := e.moat("dump", "-c", "1", "-w", filepath.Join(e.dir, "x.pcapng"))
+	if r.code != 2 || !strings.Contains(r.stderr, "turned off") {
+		t.Fatalf("moat dump with captures turned off: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
