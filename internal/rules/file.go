@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -99,18 +100,20 @@ func (r *Ruleset) Validate() error {
 		name    string
 		entries []PrefixEntry
 	}{{"allow", r.Allow}, {"deny", r.Deny}} {
-		seen := make(map[netip.Prefix]bool, len(l.entries))
+		// Duplicates are found by sorting, not with a set: for a million
+		// entries a map costs a cache miss per entry, several times the
+		// sort. The error names the first entry that repeats an earlier one.
+		dup := firstRepeat(l.entries)
 		for i, e := range l.entries {
 			if !e.Prefix.IsValid() {
 				return fmt.Errorf("%s entry %d: missing prefix", l.name, i+1)
 			}
-			if _, err := ParsePrefix(e.Prefix.String()); err != nil {
+			if err := checkPrefix(e.Prefix); err != nil {
 				return fmt.Errorf("%s entry %d: %v", l.name, i+1, err)
 			}
-			if seen[e.Prefix] {
+			if i == dup {
 				return fmt.Errorf("%s entry %d: %s listed twice", l.name, i+1, e.Prefix)
 			}
-			seen[e.Prefix] = true
 			if err := ValidateComment(e.Comment); err != nil {
 				return fmt.Errorf("%s entry %d (%s): %v", l.name, i+1, e.Prefix, err)
 			}
@@ -132,6 +135,37 @@ func (r *Ruleset) Validate() error {
 		}
 	}
 	return nil
+}
+
+// firstRepeat returns the index of the first entry whose prefix an earlier
+// entry has, or -1.
+func firstRepeat(entries []PrefixEntry) int {
+	type ref struct {
+		p netip.Prefix
+		i int
+	}
+	refs := make([]ref, len(entries))
+	for i, e := range entries {
+		refs[i] = ref{e.Prefix, i}
+	}
+	slices.SortFunc(refs, func(a, b ref) int {
+		// Any order that puts equal prefixes side by side will do; this
+		// one skips the masking that Prefix.Compare does on every call.
+		if c := a.p.Addr().Compare(b.p.Addr()); c != 0 {
+			return c
+		}
+		if c := a.p.Bits() - b.p.Bits(); c != 0 {
+			return c
+		}
+		return a.i - b.i
+	})
+	first := -1
+	for k := 1; k < len(refs); k++ {
+		if refs[k].p == refs[k-1].p && (first < 0 || refs[k].i < first) {
+			first = refs[k].i
+		}
+	}
+	return first
 }
 
 // ReadRuleset reads a rule file: the JSON that `moat export` writes, or a

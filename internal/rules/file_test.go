@@ -76,6 +76,11 @@ func TestReadRulesetJSONErrors(t *testing.T) {
 			want: "deny entry 2: 192.0.2.1/32 listed twice",
 		},
 		{
+			name: "first of two duplicates named",
+			in:   `{"deny": [{"prefix": "198.51.100.0/24"}, {"prefix": "10.0.0.0/8"}, {"prefix": "198.51.100.0/24"}, {"prefix": "10.0.0.0/8"}]}`,
+			want: "deny entry 3: 198.51.100.0/24 listed twice",
+		},
+		{
 			name: "bad port rule",
 			in: `{
   "ports": [

@@ -45,6 +45,19 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
+// checkPrefix accepts p when ParsePrefix accepts its text form, without
+// formatting and parsing it again.
+func checkPrefix(p netip.Prefix) error {
+	if p.Addr().Is4In6() || p.Addr().Zone() != "" || p.Masked() != p {
+		_, err := ParsePrefix(p.String())
+		if err == nil {
+			err = fmt.Errorf("invalid prefix %s", p)
+		}
+		return err
+	}
+	return nil
+}
+
 // ParsePrefixes parses every argument, failing on the first bad one and
 // on duplicates.
 func ParsePrefixes(args []string) ([]netip.Prefix, error) {

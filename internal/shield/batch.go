@@ -48,6 +48,11 @@ func (b *mapBatch[K, V]) add(k K, v V) {
 	b.values = append(b.values, v)
 }
 
+func (b *mapBatch[K, V]) reserve(n int) {
+	b.keys = slices.Grow(b.keys, n)
+	b.values = slices.Grow(b.values, n)
+}
+
 // addKey queues a key to delete.
 func (b *mapBatch[K, V]) addKey(k K) { b.keys = append(b.keys, k) }
 

@@ -167,6 +167,7 @@ func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
 		}
 	}
 	b := s.newPrefixBatches(l)
+	b.reserve(entries)
 	// Comments first, so that a listing never shows a rule whose comment
 	// is still missing.
 	cb := mapBatch[datapath.MoatCommentKey, datapath.MoatComment]{m: s.maps[datapath.MoatMapComments]}
@@ -209,6 +210,28 @@ func (s *Shield) newPrefixBatches(l List) *prefixBatches {
 	b.hosts4.m, b.nets4.m = s.listMaps(l, false)
 	b.hosts6.m, b.nets6.m = s.listMaps(l, true)
 	return b
+}
+
+// reserve sizes the queues for entries, sparing a million appends their
+// regrowing.
+func (b *prefixBatches) reserve(entries []Entry) {
+	var h4, n4, h6, n6 int
+	for _, e := range entries {
+		switch v4, host := e.Prefix.Addr().Is4(), rules.IsHost(e.Prefix); {
+		case v4 && host:
+			h4++
+		case v4:
+			n4++
+		case host:
+			h6++
+		default:
+			n6++
+		}
+	}
+	b.hosts4.reserve(h4)
+	b.nets4.reserve(n4)
+	b.hosts6.reserve(h6)
+	b.nets6.reserve(n6)
 }
 
 func (b *prefixBatches) add(p netip.Prefix, v datapath.MoatPrefixRule) {
@@ -254,11 +277,28 @@ func cmpNet6(a, b datapath.MoatNetV6) int {
 }
 
 // updateJobs returns the work of writing every queued entry. Trie entries
-// go in address order, which the trie inserts fastest (see batch.go).
+// go in address order, which the trie inserts fastest (see batch.go); the
+// sorting is part of the trie's job, so that it runs beside the hash maps'.
 func (b *prefixBatches) updateJobs() []job {
-	b.nets4.sortBy(cmpNet4)
-	b.nets6.sortBy(cmpNet6)
-	return slices.Concat(b.hosts4.updateJobs(), b.hosts6.updateJobs(), b.nets4.updateJobs(), b.nets6.updateJobs())
+	return slices.Concat(b.hosts4.updateJobs(), b.hosts6.updateJobs(),
+		sortedFirst(b.nets4.updateJobs(), func() { b.nets4.sortBy(cmpNet4) }),
+		sortedFirst(b.nets6.updateJobs(), func() { b.nets6.sortBy(cmpNet6) }))
+}
+
+// sortedFirst makes a map's single job sort its queue before writing it.
+// The job reads the queue only when it runs, so sorting then is in time.
+// Several jobs (a map that is not a trie) would sort up front.
+func sortedFirst(jobs []job, sort func()) []job {
+	if len(jobs) != 1 {
+		sort()
+		return jobs
+	}
+	write := jobs[0].run
+	jobs[0].run = func() error {
+		sort()
+		return write()
+	}
+	return jobs
 }
 
 func (b *prefixBatches) deleteJobs() []job {
