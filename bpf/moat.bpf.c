@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
-/* The moat XDP filter. Policy, in order: allowlist, denylist, fragment and
- * malformed policy, protocol/port rules, pass. */
+/* The moat XDP filter. Policy, in order: allowlist, denylist, rate limits
+ * and flood budgets, fragment and malformed policy, protocol/port rules,
+ * pass. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 

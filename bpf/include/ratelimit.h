@@ -119,11 +119,12 @@ static __always_inline __u64 rl_hash(const struct rl_src_key *k)
 }
 
 /* Counts a packet of the key in the sketch and returns the estimate of its
- * packets in the current window, this one included. */
-static __always_inline __u32 rl_sketch_add(__u64 h, __u64 now)
+ * packets in the current window, this one included; *crossed says that
+ * this packet took the estimate to track. */
+static __always_inline __u32 rl_sketch_add(__u64 h, __u64 now, __u32 track, int *crossed)
 {
 	__u32 window = now >> RL_WINDOW_SHIFT;
-	__u32 est = ~0U;
+	__u32 est = ~0U, before = ~0U;
 	int row;
 
 #pragma unroll
@@ -136,13 +137,24 @@ static __always_inline __u32 rl_sketch_add(__u64 h, __u64 now)
 		if (!cell)
 			return 0;
 		old = *(volatile __u64 *)cell;
-		n = (__u32)(old >> 32) == window ? (__u32)old + 1 : 1;
+		n = (__u32)(old >> 32) == window ? (__u32)old : 0;
 		/* One try: a count lost to a race only delays the bucket. */
-		__sync_val_compare_and_swap(cell, old, (__u64)window << 32 | n);
-		if (n < est)
-			est = n;
+		__sync_val_compare_and_swap(cell, old, (__u64)window << 32 | (n + 1));
+		if (n < before)
+			before = n;
+		if (n + 1 < est)
+			est = n + 1;
 	}
+	*crossed = before < track && est >= track;
 	return est;
+}
+
+/* Adds debt to a bucket: packets that passed without it. */
+static __always_inline void rl_charge(__u64 *tat, __u64 now, __u64 inc)
+{
+	__u64 old = *(volatile __u64 *)tat;
+
+	__sync_val_compare_and_swap(tat, old, (old > now ? old : now) + inc);
 }
 
 /* Writes the denylist entry of an auto-block: the source (or its IPv6
@@ -183,26 +195,31 @@ static __always_inline int rl_source(const struct packet *p, __u32 id, struct rl
 				     const struct rl_config *set, __u64 now, __u32 len,
 				     struct rl_rule_stats *st)
 {
+	__u32 gate = set ? set->gate : RL_GATE_SAMPLE;
+	__u32 track = r->track_pkts;
 	struct rl_src_key key = {};
 	struct rl_src_state *s;
 	__u32 seen = 1;
+	int crossed = 0;
 
 	rl_key_of(p, &key, r->v6_prefix);
 	key.rule = id;
+	if (track > 1 && gate == RL_GATE_SKETCH) {
+		/* Below the threshold a source sends under its rate in this
+		 * window (track <= rate * window), so the per-source map, the
+		 * costly part under a random-source flood, is not even read. */
+		seen = rl_sketch_add(rl_hash(&key), now, track, &crossed);
+		if (seen < track) {
+			st->untracked++;
+			return RL_PASS;
+		}
+		seen = track; /* more is sketch noise, not this source's */
+	}
 	s = bpf_map_lookup_elem(&rl_sources, &key);
 	if (!s) {
 		struct rl_src_state fresh = {};
-		__u32 gate = set ? set->gate : RL_GATE_SKETCH;
-		__u32 track = r->track_pkts;
 
-		if (track > 1 && gate == RL_GATE_SKETCH) {
-			seen = rl_sketch_add(rl_hash(&key), now);
-			if (seen < track) {
-				st->untracked++;
-				return RL_PASS;
-			}
-			seen = track; /* more is sketch noise, not this source's */
-		} else if (track > 1 && gate == RL_GATE_SAMPLE) {
+		if (track > 1 && gate == RL_GATE_SAMPLE) {
 			/* 1 in track (a power of two): a source gets its bucket
 			 * after track packets on average. */
 			if (bpf_get_prandom_u32() & (track - 1)) {
@@ -222,6 +239,13 @@ static __always_inline int rl_source(const struct packet *p, __u32 id, struct rl
 		if (!s)
 			return RL_PASS;
 		st->tracked++;
+	} else if (crossed) {
+		/* A new window: the packets the sketch passed before this one
+		 * are charged, so a source over its limit gains nothing from
+		 * the window turning. */
+		rl_charge(&s->bucket.tat_pkts, now, ((__u64)(seen - 1) * r->pkt_interval) >> RL_FP_SHIFT);
+		rl_charge(&s->bucket.tat_bytes, now,
+			  ((__u64)(seen - 1) * len * r->byte_interval) >> RL_FP_SHIFT);
 	}
 	if (rl_conform(&s->bucket, r, now, len)) {
 		__sync_fetch_and_add(&s->passed, 1);

@@ -24,7 +24,7 @@
 #endif
 /* Count-min sketch: RL_SKETCH_ROWS rows of RL_SKETCH_WIDTH cells. */
 #ifndef RL_SKETCH_WIDTH
-#define RL_SKETCH_WIDTH (1 << 14)
+#define RL_SKETCH_WIDTH (1 << 16)
 #endif
 #define RL_SKETCH_ROWS 2
 /* The sketch counts packets per source in windows of 2^RL_WINDOW_SHIFT ns
@@ -69,9 +69,15 @@ enum rl_rule_flags {
  * addresses sends a packet or two per address: giving each a bucket would
  * churn the per-source map and cost an insert per packet. */
 enum rl_gate {
-	RL_GATE_SKETCH = 0, /* once the sketch counts track_pkts packets in a window */
-	RL_GATE_SAMPLE = 1, /* with probability 1/track_pkts per packet */
-	RL_GATE_NONE = 2,   /* on the first packet */
+	/* With probability 1/track_pkts per packet: the default, as its cost
+	 * does not grow with the flood (BenchmarkPathCost in internal/ratelimit). */
+	RL_GATE_SAMPLE = 0,
+	/* Once the sketch counts track_pkts packets in a window, which is
+	 * checked before the per-source map is read. Once a window holds
+	 * more than about RL_SKETCH_WIDTH * track_pkts sources every cell is
+	 * over the threshold and every source gets a bucket. */
+	RL_GATE_SKETCH = 1,
+	RL_GATE_NONE = 2, /* on the first packet */
 };
 
 /* Why rl_check dropped a packet, or RL_PASS. */

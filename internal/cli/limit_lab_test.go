@@ -232,11 +232,11 @@ func TestLabLimits(t *testing.T) {
 			sl.floodFrom(flood.Config{Kind: flood.KindUDP, Sources: src, DstPort: udp.port, Count: 3})
 			return sl.limitStatus("source "+scope).Stats.Passed - before
 		}
-		sleepUntilBoot(t, expires - uint64(400*time.Millisecond))
+		sleepUntilBoot(t, expires-uint64(400*time.Millisecond))
 		if n := send(); n != 0 {
 			t.Errorf("before the expiry %d packets reached the limit, want the denylist to drop them", n)
 		}
-		sleepUntilBoot(t, expires + uint64(300*time.Millisecond))
+		sleepUntilBoot(t, expires+uint64(300*time.Millisecond))
 		if n := send(); n != 3 {
 			t.Errorf("after the expiry %d of 3 packets passed, want 3", n)
 		}

@@ -183,8 +183,8 @@ type MoatRlConfig struct {
 type MoatRlGate uint32
 
 const (
-	MoatRlGateRL_GATE_SKETCH MoatRlGate = 0
-	MoatRlGateRL_GATE_SAMPLE MoatRlGate = 1
+	MoatRlGateRL_GATE_SAMPLE MoatRlGate = 0
+	MoatRlGateRL_GATE_SKETCH MoatRlGate = 1
 	MoatRlGateRL_GATE_NONE   MoatRlGate = 2
 )
 

@@ -191,6 +191,7 @@ func NewCollector(cfg Config) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ratelimit.NewCollector(ratelimit.Maps{}, 0).Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		packetsDesc, bytesDesc, attachedDesc, progRunTimeDesc, progRunsDesc, bpfStatsDesc,
 		portRuleHitsDesc, entryHitsDesc, mapEntriesDesc, mapMaxEntriesDesc, mapMemoryDesc,
@@ -482,6 +483,8 @@ func (c *Collector) collectRateLimits(p *pinned, ch chan<- prometheus.Metric) er
 	}
 	ch <- gauge(mapEntriesDesc, float64(len(limits)), datapath.MoatMapRlRules)
 	ch <- gauge(mapMaxEntriesDesc, float64(ratelimit.MaxRules), datapath.MoatMapRlRules)
+	// Heavy hitters and the attack shape.
+	ratelimit.NewCollector(m, max(c.cfg.TopEntries, DefaultTopEntries)).Collect(ch)
 	// The per-source tables are LRU maps: full is their normal state
 	// under a flood, and how often they are full says whether they are
 	// big enough.

@@ -330,7 +330,7 @@ func (g Gate) String() string {
 
 // ParseGate reads sketch, sample or none.
 func ParseGate(s string) (Gate, error) {
-	for _, g := range []Gate{GateSketch, GateSample, GateNone} {
+	for _, g := range []Gate{GateSample, GateSketch, GateNone} {
 		if g.String() == s {
 			return g, nil
 		}
@@ -377,7 +377,7 @@ func (m Maps) Configure(c Config) error {
 	if c.Sample&(c.Sample-1) != 0 || c.Sample > 1<<16 {
 		return userErrorf("sample %d: want a power of two up to 65536", c.Sample)
 	}
-	if c.Gate > GateNone {
+	if c.Gate != GateSample && c.Gate != GateSketch && c.Gate != GateNone {
 		return userErrorf("invalid gate %d", c.Gate)
 	}
 	v := datapath.MoatRlConfig{Gate: uint32(c.Gate)}

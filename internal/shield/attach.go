@@ -207,6 +207,13 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 	}
 	defer counters.Close()
 	objs, err := s.loadFilter(counters)
+	newCounters := false
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// This version counts more reasons than the one that attached:
+		// the interface gets a new counters map and starts from zero.
+		objs, err = s.loadFilter(nil)
+		newCounters = true
+	}
 	if err != nil {
 		return res, err
 	}
@@ -231,6 +238,15 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 			return res, err
 		}
 		if err := os.Rename(next, filepath.Join(dir, u.pin)); err != nil {
+			return res, err
+		}
+	}
+	if newCounters {
+		next := filepath.Join(dir, "counters-new")
+		if err := objs.Counters.Pin(next); err != nil {
+			return res, err
+		}
+		if err := os.Rename(next, filepath.Join(dir, "counters")); err != nil {
 			return res, err
 		}
 	}

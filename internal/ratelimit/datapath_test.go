@@ -1,0 +1,460 @@
+package ratelimit_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/ratelimit"
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+const (
+	xdpDrop = 1
+	xdpPass = 2
+)
+
+var (
+	src4  = netip.MustParseAddr("10.1.2.3")
+	src4b = netip.MustParseAddr("10.1.2.4")
+	dst4  = netip.MustParseAddr("192.0.2.10")
+	dst6  = netip.MustParseAddr("2001:db8:ff::10")
+)
+
+// filter is the XDP program loaded with fresh, unpinned maps.
+type filter struct {
+	tb   testing.TB
+	coll *ebpf.Collection
+	prog *ebpf.Program
+	rl   ratelimit.Maps
+}
+
+func newFilter(tb testing.TB) *filter {
+	tb.Helper()
+	spec, err := datapath.LoadMoat()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			tb.Fatalf("load: %+v", ve)
+		}
+		tb.Fatalf("load: %v", err)
+	}
+	tb.Cleanup(func() { coll.Close() })
+	f := &filter{tb: tb, coll: coll, prog: coll.Programs["moat_filter"]}
+	if f.rl, err = ratelimit.NewMaps(func(n string) *ebpf.Map { return coll.Maps[n] }); err != nil {
+		tb.Fatal(err)
+	}
+	return f
+}
+
+// reset removes every limit and source bucket and sets cfg.
+func (f *filter) reset(cfg ratelimit.Config) {
+	f.tb.Helper()
+	if err := ratelimit.Apply(f.rl, nil); err != nil {
+		f.tb.Fatal(err)
+	}
+	if err := f.rl.Configure(cfg); err != nil {
+		f.tb.Fatal(err)
+	}
+	for _, m := range []*ebpf.Map{f.rl.Sources, f.rl.HHSources, f.coll.Maps[datapath.MoatMapDenyV4Hosts],
+		f.coll.Maps[datapath.MoatMapDenyV6Nets], f.coll.Maps[datapath.MoatMapComments]} {
+		clearMap(f.tb, m)
+	}
+	if err := f.rl.ResetShape(); err != nil {
+		f.tb.Fatal(err)
+	}
+	// Sketch cells live for a window (about a second) and rule ids are
+	// reused, so counts of the previous case would carry over.
+	zeros := make([]uint64, f.rl.Sketch.MaxEntries())
+	keys := make([]uint32, len(zeros))
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := f.rl.Sketch.BatchUpdate(keys, zeros, nil); err != nil {
+		f.tb.Fatal(err)
+	}
+	ncpu, _ := ebpf.PossibleCPU()
+	cm := f.coll.Maps[datapath.MoatMapCounters]
+	for i := uint32(0); i < cm.MaxEntries(); i++ {
+		if err := cm.Put(i, make([]datapath.MoatVerdictCounter, ncpu)); err != nil {
+			f.tb.Fatal(err)
+		}
+	}
+}
+
+func clearMap(tb testing.TB, m *ebpf.Map) {
+	tb.Helper()
+	var keys [][]byte
+	k := make([]byte, m.KeySize())
+	it := m.Iterate()
+	var v []byte
+	for it.Next(&k, &v) {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	for _, k := range keys {
+		m.Delete(k)
+	}
+}
+
+func (f *filter) add(l ratelimit.Limit) {
+	f.tb.Helper()
+	if err := f.rl.Add(l, false); err != nil {
+		f.tb.Fatalf("add %v: %v", l, err)
+	}
+}
+
+// send runs pkt n times through the program in one BPF_PROG_TEST_RUN call
+// and returns how many passed, read from the verdict counters (the call
+// itself reports only the last verdict).
+func (f *filter) send(pkt []byte, n int) (passed int) {
+	f.tb.Helper()
+	before := f.verdicts()
+	if _, err := f.prog.Run(&ebpf.RunOptions{Data: pkt, Repeat: uint32(n)}); err != nil {
+		f.tb.Fatalf("run: %v", err)
+	}
+	after := f.verdicts()
+	return int(after[0] - before[0])
+}
+
+// verdicts returns the packets passed and dropped so far, and the drops
+// per reason.
+func (f *filter) verdicts() [2 + int(datapath.MoatVerdictReasonREASON_MAX)]uint64 {
+	f.tb.Helper()
+	var out [2 + int(datapath.MoatVerdictReasonREASON_MAX)]uint64
+	m := f.coll.Maps[datapath.MoatMapCounters]
+	for r := uint32(0); r < uint32(datapath.MoatVerdictReasonREASON_MAX); r++ {
+		for drop := uint32(0); drop < 2; drop++ {
+			var per []datapath.MoatVerdictCounter
+			if err := m.Lookup(r*2+drop, &per); err != nil {
+				f.tb.Fatal(err)
+			}
+			for _, c := range per {
+				out[drop] += c.Packets
+				if drop == 1 {
+					out[2+r] += c.Packets
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (f *filter) dropsFor(reason datapath.MoatVerdictReason) uint64 {
+	return f.verdicts()[2+int(reason)]
+}
+
+func udp4(src netip.Addr, dport uint16) []byte {
+	return testpkt.UDPv4(src, dst4, testpkt.UDP{SrcPort: 5353, DstPort: dport, Payload: []byte("data")})
+}
+
+func syn4(src netip.Addr, dport uint16) []byte {
+	return testpkt.TCPv4(src, dst4, testpkt.TCP{SYN: true, SrcPort: 40000, DstPort: dport,
+		Options: []testpkt.TCPOption{testpkt.MSS(1460), testpkt.SACKPermitted(), testpkt.WindowScale(7)}})
+}
+
+func bootNow(tb testing.TB) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		tb.Fatal(err)
+	}
+	return uint64(ts.Nano())
+}
+
+func scope(tb testing.TB, s string) ratelimit.Scope {
+	sc, err := ratelimit.ParseScope(s)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return sc
+}
+
+// TestLimits drives the real program with BPF_PROG_TEST_RUN. One load
+// serves every case: the verifier takes far longer than a reset.
+func TestLimits(t *testing.T) {
+	f := newFilter(t)
+	defaults := ratelimit.Config{Shape: true, HeavyHitters: true, Sample: 1, Gate: ratelimit.GateSketch}
+
+	// bpf_ktime_get_boot_ns is the real clock: a Repeat run of a few
+	// hundred packets takes microseconds, so a burst is admitted whole
+	// and then nothing until time passes.
+	for _, gate := range []ratelimit.Gate{ratelimit.GateSketch, ratelimit.GateNone} {
+		t.Run("burst then rate, gate "+gate.String(), func(t *testing.T) {
+			cfg := defaults
+			cfg.Gate = gate
+			f.reset(cfg)
+			f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "all"), PPS: 1000, BurstPackets: 50})
+			// Another source has its own bucket.
+			if got := f.send(udp4(src4b, 53), 400); got != 50 {
+				t.Fatalf("other source: %d passed, want 50", got)
+			}
+			t0 := time.Now() // no later than the last packet of the burst
+			if got := f.send(udp4(src4, 53), 400); got != 50 {
+				t.Fatalf("burst: %d passed, want the burst of 50", got)
+			}
+			time.Sleep(20 * time.Millisecond)
+			got := f.send(udp4(src4, 53), 400)
+			el := time.Since(t0)
+			// 1000 pps: one packet per ms waited, give or take the
+			// time between the clock reads and the run.
+			want := int(el.Milliseconds())
+			if got < 19 || got > want+2 {
+				t.Fatalf("after %v: %d passed, want 20..%d at 1000 pps", el, got, want+2)
+			}
+			if d := f.dropsFor(datapath.MoatVerdictReasonREASON_RATELIMIT); d != 350+350+uint64(400-got) {
+				t.Errorf("rate-limit drops %d, want %d", d, 350+350+400-got)
+			}
+		})
+	}
+
+	t.Run("burst then rate, gate sample: right on average", func(t *testing.T) {
+		cfg := defaults
+		cfg.Gate = ratelimit.GateSample
+		f.reset(cfg)
+		// track_pkts is 64: a source gets its bucket after 64 packets on
+		// average, charged with 63, so it passes 64 packets on average
+		// (geometrically distributed, standard deviation about 64).
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "all"), PPS: 10, BurstPackets: 64})
+		// 512 sources in turn, 400 packets each, in one run.
+		const sources = 512
+		vary := varySource(t, f.prog, sources-1)
+		before := f.verdicts()[0]
+		if _, err := vary.Run(&ebpf.RunOptions{Data: udp4(netip.MustParseAddr("10.0.0.1"), 53), Repeat: sources * 400}); err != nil {
+			t.Fatal(err)
+		}
+		total := f.verdicts()[0] - before
+		if tracked, err := f.rl.TrackedSources(); err != nil || len(tracked) < sources*9/10 {
+			t.Fatalf("%d sources have a bucket (%v), want nearly all %d", len(tracked), err, sources)
+		}
+		// The mean of 512 sources has a standard deviation of 2.8: 12
+		// is over 4 of them.
+		mean := float64(total) / sources
+		t.Logf("%.1f packets per source passed on average", mean)
+		if mean < 64-12 || mean > 64+12 {
+			t.Errorf("%.1f packets per source passed on average, want 64", mean)
+		}
+	})
+
+	t.Run("IPv6 sources in one /64 share a bucket", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 10, BurstPackets: 10})
+		u6 := func(src string) []byte {
+			return testpkt.UDPv6(netip.MustParseAddr(src), dst6, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: []byte("x")})
+		}
+		if got := f.send(u6("2001:db8:1:2::3"), 100); got != 10 {
+			t.Fatalf("first address: %d passed, want 10", got)
+		}
+		if got := f.send(u6("2001:db8:1:2:ffff::99"), 100); got > 1 {
+			t.Fatalf("second address of the /64: %d passed, want its bucket spent", got)
+		}
+		if got := f.send(u6("2001:db8:1:3::3"), 100); got != 10 {
+			t.Fatalf("another /64: %d passed, want its own burst of 10", got)
+		}
+		// With /128 buckets the addresses are apart.
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 10, BurstPackets: 10, IPv6Prefix: 128})
+		f.send(u6("2001:db8:1:2::3"), 100)
+		if got := f.send(u6("2001:db8:1:2::4"), 100); got != 10 {
+			t.Fatalf("/128 buckets: second address %d passed, want 10", got)
+		}
+	})
+
+	t.Run("scopes apply to their protocol and port only", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp/53"), PPS: 10, BurstPackets: 5})
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "tcp/80+syn"), PPS: 10, BurstPackets: 8})
+		for _, c := range []struct {
+			name string
+			pkt  []byte
+			want int
+		}{
+			{"udp/53 limited", udp4(src4, 53), 5},
+			{"udp/54 untouched", udp4(src4, 54), 100},
+			{"tcp/53 untouched", syn4(src4, 53), 100},
+			{"tcp/80 SYN held to the budget", syn4(src4, 80), 8},
+			{"tcp/80 SYN from another source: same budget, spent", syn4(src4b, 80), 0},
+			{"tcp/80 ACK not a SYN", testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, SrcPort: 40000, DstPort: 80}), 100},
+			{"tcp/81 SYN untouched", syn4(src4, 81), 100},
+		} {
+			if got := f.send(c.pkt, 100); got != c.want {
+				t.Errorf("%s: %d of 100 passed, want %d", c.name, got, c.want)
+			}
+		}
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_BUDGET); d != 92+100 {
+			t.Errorf("budget drops %d, want 192", d)
+		}
+		// The most specific scope decides: a whole-UDP limit does not
+		// touch udp/53, which has its own.
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 10, BurstPackets: 3})
+		if got := f.send(udp4(src4b, 54), 100); got != 3 {
+			t.Errorf("udp/54 under the udp limit: %d passed, want 3", got)
+		}
+		if got := f.send(udp4(src4b, 53), 100); got != 5 {
+			t.Errorf("udp/53 under its own limit: %d passed, want 5", got)
+		}
+	})
+
+	t.Run("allowlisted sources are never limited", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "all"), PPS: 10, BurstPackets: 1})
+		allow := f.coll.Maps[datapath.MoatMapAllowV4Hosts]
+		if err := allow.Put(datapath.MoatHostV4{Addr: src4.As4()}, datapath.MoatPrefixRule{Prefixlen: 32}); err != nil {
+			t.Fatal(err)
+		}
+		defer allow.Delete(datapath.MoatHostV4{Addr: src4.As4()})
+		if got := f.send(udp4(src4, 53), 100); got != 100 {
+			t.Errorf("allowlisted: %d of 100 passed", got)
+		}
+	})
+
+	t.Run("auto-block writes an expiring denylist entry with its reason", func(t *testing.T) {
+		f.reset(defaults)
+		block := 30 * time.Second
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 100, BurstPackets: 4, Block: ratelimit.Duration(block)})
+		before := bootNow(t)
+		if got := f.send(udp4(src4, 53), 100); got != 4 {
+			t.Fatalf("%d passed, want the burst of 4", got)
+		}
+		after := bootNow(t)
+		var v datapath.MoatPrefixRule
+		if err := f.coll.Maps[datapath.MoatMapDenyV4Hosts].Lookup(datapath.MoatHostV4{Addr: src4.As4()}, &v); err != nil {
+			t.Fatalf("no denylist entry for %v: %v", src4, err)
+		}
+		if v.ExpiresNs < before+uint64(block) || v.ExpiresNs > after+uint64(block) {
+			t.Errorf("expires at %d, want %d..%d", v.ExpiresNs, before+uint64(block), after+uint64(block))
+		}
+		if v.Prefixlen != 32 || v.Flags != 3 { // RULE_F_COMMENT | RULE_F_AUTO
+			t.Errorf("entry %+v: want /32 with flags comment|auto", v)
+		}
+		// One drop by the limit; the denylist takes every later packet.
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_RATELIMIT); d != 1 {
+			t.Errorf("rate-limit drops %d, want 1 (then the denylist)", d)
+		}
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST); d != 95 {
+			t.Errorf("denylist drops %d, want 95", d)
+		}
+		ck := datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32}
+		copy(ck.Addr[:], src4.AsSlice())
+		var c datapath.MoatComment
+		if err := f.coll.Maps[datapath.MoatMapComments].Lookup(ck, &c); err != nil {
+			t.Fatalf("no comment: %v", err)
+		}
+		if txt := cString(c.Text[:]); !strings.HasPrefix(txt, "auto-block: over 100pps per source on udp") {
+			t.Errorf("comment %q", txt)
+		}
+		ls, err := f.rl.Limits()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ls) != 1 || ls[0].Stats.Blocks != 1 || ls[0].Stats.Dropped != 1 || ls[0].Stats.Passed != 4 {
+			t.Errorf("limit stats %+v", ls)
+		}
+
+		// IPv6: the whole /64 is blocked, in the prefix trie.
+		src6 := netip.MustParseAddr("2001:db8:7:8::1")
+		f.send(testpkt.UDPv6(src6, dst6, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: []byte("x")}), 100)
+		k6 := datapath.MoatNetV6{Prefixlen: 64, Addr: netip.MustParseAddr("2001:db8:7:8::").As16()}
+		if err := f.coll.Maps[datapath.MoatMapDenyV6Nets].Lookup(k6, &v); err != nil || v.Prefixlen != 64 {
+			t.Errorf("IPv6 /64 entry: %+v, %v", v, err)
+		}
+	})
+
+	t.Run("attack shape and heavy hitters", func(t *testing.T) {
+		f.reset(defaults)
+		f.send(syn4(src4, 443), 30)
+		f.send(testpkt.UDPv4(src4b, dst4, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: make([]byte, 400)}), 20)
+		sh, err := f.rl.Shape(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantCount(t, "SYN flags", sh.TCPFlags, "S", 30)
+		wantCount(t, "SYN options", sh.SYNOptions, "mss,wscale,sack", 30)
+		wantCount(t, "sizes", sh.Sizes, "<=64", 0)
+		wantCount(t, "sizes", sh.Sizes, "65-128", 30) // 14+20+32 bytes
+		wantCount(t, "sizes", sh.Sizes, "257-512", 20)
+		wantCount(t, "ports", sh.Ports, "tcp/443", 30)
+		wantCount(t, "ports", sh.Ports, "udp/53", 20)
+		hh, err := f.rl.HeavyHitters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hh) != 2 || hh[0].Source.Addr() != src4 || hh[0].Packets != 30 || hh[1].Packets != 20 {
+			t.Errorf("heavy hitters %+v, want %v with 30 and %v with 20", hh, src4, src4b)
+		}
+
+		// The same through the metrics.
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(ratelimit.NewCollector(f.rl, 5))
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				var ls []string // label values, in the order of the label names
+				for _, l := range m.GetLabel() {
+					ls = append(ls, l.GetValue())
+				}
+				v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				found[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = v
+			}
+		}
+		for k, want := range map[string]float64{
+			"moat_heavy_hitter_packets{10.1.2.3/32}":        30,
+			"moat_attack_shape_packets_total{S,tcp_flags}":  30,
+			"moat_attack_shape_packets_total{udp/53,port}":  20,
+			"moat_attack_shape_packets_total{257-512,size}": 20,
+		} {
+			if found[k] != want {
+				t.Errorf("metric %s = %v, want %v", k, found[k], want)
+			}
+		}
+
+		// Off switches.
+		f.reset(ratelimit.Config{Gate: ratelimit.GateSketch})
+		f.send(syn4(src4, 443), 30)
+		if sh, _ := f.rl.Shape(3); len(sh.TCPFlags) != 0 || len(sh.Ports) != 0 {
+			t.Errorf("shape off, still counted: %+v", sh)
+		}
+		if hh, _ := f.rl.HeavyHitters(); len(hh) != 0 {
+			t.Errorf("heavy hitters off, still sampled: %+v", hh)
+		}
+	})
+}
+
+func wantCount(t *testing.T, what string, cs []ratelimit.Count, name string, n uint64) {
+	t.Helper()
+	for _, c := range cs {
+		if c.Name == name {
+			if c.Packets != n {
+				t.Errorf("%s %s: %d, want %d", what, name, c.Packets, n)
+			}
+			return
+		}
+	}
+	if n != 0 {
+		t.Errorf("%s: no %s in %+v, want %d", what, name, cs, n)
+	}
+}
+
+func cString(b []int8) string {
+	var s []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
+}
