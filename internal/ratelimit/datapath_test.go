@@ -271,8 +271,10 @@ func TestLimits(t *testing.T) {
 
 	t.Run("scopes apply to their protocol and port only", func(t *testing.T) {
 		f.reset(defaults)
-		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp/53"), PPS: 10, BurstPackets: 5})
-		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "tcp/80+syn"), PPS: 10, BurstPackets: 8})
+		// 1 pps: no token comes back while the cases run, even on a
+		// loaded machine.
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp/53"), PPS: 1, BurstPackets: 5})
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "tcp/80+syn"), PPS: 1, BurstPackets: 8})
 		for _, c := range []struct {
 			name string
 			pkt  []byte
@@ -295,7 +297,7 @@ func TestLimits(t *testing.T) {
 		}
 		// The most specific scope decides: a whole-UDP limit does not
 		// touch udp/53, which has its own.
-		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 10, BurstPackets: 3})
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 3})
 		if got := f.send(udp4(src4b, 54), 100); got != 3 {
 			t.Errorf("udp/54 under the udp limit: %d passed, want 3", got)
 		}
