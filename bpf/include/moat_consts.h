@@ -67,7 +67,9 @@ enum verdict_reason {
 	REASON_MALFORMED = 7,  /* truncated or inconsistent headers */
 	REASON_RATELIMIT = 8,  /* source over its rate limit (ratelimit.h): dropped */
 	REASON_BUDGET = 9,     /* over the flood budget of its protocol/port: dropped */
-	REASON_MAX = 10,
+	REASON_SYN_COOKIE = 10, /* SYN answered with a moat cookie (XDP_TX, counted in the pass slot) */
+	REASON_SYN_DEFENCE = 11, /* ACK that fits no socket or cookie, or SYN refused in cookie mode: dropped */
+	REASON_MAX = 12,
 };
 
 /* What to do with a non-first fragment, which carries no L4 header: source

@@ -82,6 +82,9 @@ type Rates struct {
 	DroppedPPS  float64 `json:"dropped_pps"`
 	PassedMbps  float64 `json:"passed_mbps"`
 	DroppedMbps float64 `json:"dropped_mbps"`
+	// SYNs answered with cookies (XDP_TX).
+	AnsweredPPS  float64 `json:"answered_pps"`
+	AnsweredMbps float64 `json:"answered_mbps"`
 }
 
 func newStatsCmd(g *globals) *cobra.Command {
@@ -152,10 +155,12 @@ func newStatsCmd(g *globals) *cobra.Command {
 				for i := range cur {
 					p, c := prev[i], cur[i]
 					cur[i].Rates = &Rates{
-						PassedPPS:   float64(c.Passed.Packets-p.Passed.Packets) / dt,
-						DroppedPPS:  float64(c.Dropped.Packets-p.Dropped.Packets) / dt,
-						PassedMbps:  float64(c.Passed.Bytes-p.Passed.Bytes) * 8 / dt / 1e6,
-						DroppedMbps: float64(c.Dropped.Bytes-p.Dropped.Bytes) * 8 / dt / 1e6,
+						PassedPPS:    float64(c.Passed.Packets-p.Passed.Packets) / dt,
+						DroppedPPS:   float64(c.Dropped.Packets-p.Dropped.Packets) / dt,
+						PassedMbps:   float64(c.Passed.Bytes-p.Passed.Bytes) * 8 / dt / 1e6,
+						DroppedMbps:  float64(c.Dropped.Bytes-p.Dropped.Bytes) * 8 / dt / 1e6,
+						AnsweredPPS:  float64(c.Answered.Packets-p.Answered.Packets) / dt,
+						AnsweredMbps: float64(c.Answered.Bytes-p.Answered.Bytes) * 8 / dt / 1e6,
 					}
 				}
 				if err := printStats(cmd.OutOrStdout(), cur, asJSON); err != nil {
@@ -199,6 +204,9 @@ func printStats(w io.Writer, reports []StatsReport, asJSON bool) error {
 		}
 		row("passed", r.Passed, pr.PassedPPS, pr.PassedMbps)
 		row("dropped", r.Dropped, dr.DroppedPPS, dr.DroppedMbps)
+		if r.Answered.Packets > 0 {
+			row("answered", r.Answered, pr.AnsweredPPS, pr.AnsweredMbps)
+		}
 		reasons := make([]string, 0, len(r.ByReason))
 		for k := range r.ByReason {
 			reasons = append(reasons, k)
@@ -211,6 +219,9 @@ func printStats(w io.Writer, reports []StatsReport, asJSON bool) error {
 			}
 			if rc.Dropped.Packets > 0 {
 				fmt.Fprintf(tw, "  %s dropped\t%d\t%s\t\n", k, rc.Dropped.Packets, humanBytes(rc.Dropped.Bytes))
+			}
+			if rc.Answered.Packets > 0 {
+				fmt.Fprintf(tw, "  %s answered\t%d\t%s\t\n", k, rc.Answered.Packets, humanBytes(rc.Answered.Bytes))
 			}
 		}
 	}

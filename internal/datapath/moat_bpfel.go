@@ -378,17 +378,19 @@ type MoatVerdictCounter struct {
 type MoatVerdictReason uint32
 
 const (
-	MoatVerdictReasonREASON_PASS       MoatVerdictReason = 0
-	MoatVerdictReasonREASON_NON_IP     MoatVerdictReason = 1
-	MoatVerdictReasonREASON_ALLOWLIST  MoatVerdictReason = 2
-	MoatVerdictReasonREASON_DENYLIST   MoatVerdictReason = 3
-	MoatVerdictReasonREASON_PORT_DROP  MoatVerdictReason = 4
-	MoatVerdictReasonREASON_PORT_ALLOW MoatVerdictReason = 5
-	MoatVerdictReasonREASON_FRAGMENT   MoatVerdictReason = 6
-	MoatVerdictReasonREASON_MALFORMED  MoatVerdictReason = 7
-	MoatVerdictReasonREASON_RATELIMIT  MoatVerdictReason = 8
-	MoatVerdictReasonREASON_BUDGET     MoatVerdictReason = 9
-	MoatVerdictReasonREASON_MAX        MoatVerdictReason = 10
+	MoatVerdictReasonREASON_PASS        MoatVerdictReason = 0
+	MoatVerdictReasonREASON_NON_IP      MoatVerdictReason = 1
+	MoatVerdictReasonREASON_ALLOWLIST   MoatVerdictReason = 2
+	MoatVerdictReasonREASON_DENYLIST    MoatVerdictReason = 3
+	MoatVerdictReasonREASON_PORT_DROP   MoatVerdictReason = 4
+	MoatVerdictReasonREASON_PORT_ALLOW  MoatVerdictReason = 5
+	MoatVerdictReasonREASON_FRAGMENT    MoatVerdictReason = 6
+	MoatVerdictReasonREASON_MALFORMED   MoatVerdictReason = 7
+	MoatVerdictReasonREASON_RATELIMIT   MoatVerdictReason = 8
+	MoatVerdictReasonREASON_BUDGET      MoatVerdictReason = 9
+	MoatVerdictReasonREASON_SYN_COOKIE  MoatVerdictReason = 10
+	MoatVerdictReasonREASON_SYN_DEFENCE MoatVerdictReason = 11
+	MoatVerdictReasonREASON_MAX         MoatVerdictReason = 12
 )
 
 // Names of all BPF objects in the ELF.

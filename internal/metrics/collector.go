@@ -300,7 +300,7 @@ func (c *Collector) collectInterfaces(p *pinned, ch chan<- prometheus.Metric) er
 			for _, v := range []struct {
 				verdict string
 				count   shield.Count
-			}{{"pass", rc.Passed}, {"drop", rc.Dropped}} {
+			}{{"pass", rc.Passed}, {"drop", rc.Dropped}, {"tx", rc.Answered}} {
 				ch <- counter(packetsDesc, float64(v.count.Packets), ifc.name, v.verdict, reason)
 				ch <- counter(bytesDesc, float64(v.count.Bytes), ifc.name, v.verdict, reason)
 			}

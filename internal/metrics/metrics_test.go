@@ -147,7 +147,7 @@ func frames() []sent {
 		// own counters only.
 		{"syn", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1007, DstPort: synPort, SYN: true, Seq: 1}), 3, "", ""},
 		{"syn to auto port", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1010, DstPort: autoPort, SYN: true, Seq: 3}), 4, "", ""},
-		{"ack without cookie", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1008, DstPort: synPort, ACK: true, Seq: 2, Ack: 12345}), 2, "", ""},
+		{"ack without cookie", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1008, DstPort: synPort, ACK: true, Seq: 2, Ack: 12345}), 2, "drop", "syn_defence"},
 	}
 }
 
@@ -425,6 +425,9 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		}
 		c := want[key{"pass", "pass"}]
 		want[key{"pass", "pass"}] = shield.Count{Packets: c.Packets + left, Bytes: c.Bytes + left*synLen}
+		// Every cookie went out as an IPv4 SYN-ACK of 14 + 20 + 40 bytes.
+		issued := auto[0].CookiesIssued + auto[1].CookiesIssued
+		want[key{"tx", "syn_cookie"}] = shield.Count{Packets: issued, Bytes: issued * 74}
 	}
 	for _, v := range []struct {
 		verdict      string
@@ -448,7 +451,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		for _, v := range []struct {
 			verdict string
 			count   shield.Count
-		}{{"pass", rc.Passed}, {"drop", rc.Dropped}} {
+		}{{"pass", rc.Passed}, {"drop", rc.Dropped}, {"tx", rc.Answered}} {
 			if v.count != want[key{v.verdict, reason}] {
 				t.Errorf("data path counted %s/%s %+v, the test sent %+v", v.verdict, reason, v.count, want[key{v.verdict, reason}])
 			}

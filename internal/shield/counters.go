@@ -14,16 +14,18 @@ type Reason = datapath.MoatVerdictReason
 
 // ReasonNames are the names the CLI and metrics use for each reason.
 var ReasonNames = map[Reason]string{
-	datapath.MoatVerdictReasonREASON_PASS:       "pass",
-	datapath.MoatVerdictReasonREASON_NON_IP:     "non_ip",
-	datapath.MoatVerdictReasonREASON_ALLOWLIST:  "allowlist",
-	datapath.MoatVerdictReasonREASON_DENYLIST:   "denylist",
-	datapath.MoatVerdictReasonREASON_PORT_DROP:  "port_drop",
-	datapath.MoatVerdictReasonREASON_PORT_ALLOW: "port_allow",
-	datapath.MoatVerdictReasonREASON_FRAGMENT:   "fragment",
-	datapath.MoatVerdictReasonREASON_MALFORMED:  "malformed",
-	datapath.MoatVerdictReasonREASON_RATELIMIT:  "ratelimit",
-	datapath.MoatVerdictReasonREASON_BUDGET:     "budget",
+	datapath.MoatVerdictReasonREASON_PASS:        "pass",
+	datapath.MoatVerdictReasonREASON_NON_IP:      "non_ip",
+	datapath.MoatVerdictReasonREASON_ALLOWLIST:   "allowlist",
+	datapath.MoatVerdictReasonREASON_DENYLIST:    "denylist",
+	datapath.MoatVerdictReasonREASON_PORT_DROP:   "port_drop",
+	datapath.MoatVerdictReasonREASON_PORT_ALLOW:  "port_allow",
+	datapath.MoatVerdictReasonREASON_FRAGMENT:    "fragment",
+	datapath.MoatVerdictReasonREASON_MALFORMED:   "malformed",
+	datapath.MoatVerdictReasonREASON_RATELIMIT:   "ratelimit",
+	datapath.MoatVerdictReasonREASON_BUDGET:      "budget",
+	datapath.MoatVerdictReasonREASON_SYN_COOKIE:  "syn_cookie",
+	datapath.MoatVerdictReasonREASON_SYN_DEFENCE: "syn_defence",
 }
 
 // Count is a packet and byte count.
@@ -38,14 +40,18 @@ func (c *Count) add(o Count) { c.Packets += o.Packets; c.Bytes += o.Bytes }
 type Counters struct {
 	Passed  Count `json:"passed"`
 	Dropped Count `json:"dropped"`
+	// Answered counts SYNs answered in XDP with a SYN cookie (XDP_TX): the
+	// SYN-ACK leaves where the SYN came in, nothing reaches the stack.
+	Answered Count `json:"answered"`
 	// ByReason holds the counts per reason, split by verdict.
 	ByReason map[string]ReasonCount `json:"by_reason"`
 }
 
 // ReasonCount is one reason's counts.
 type ReasonCount struct {
-	Passed  Count `json:"passed"`
-	Dropped Count `json:"dropped"`
+	Passed   Count `json:"passed"`
+	Dropped  Count `json:"dropped"`
+	Answered Count `json:"answered,omitempty"`
 }
 
 // Counters reads one interface's counters.
@@ -72,10 +78,16 @@ func ReadCounters(m *ebpf.Map) (Counters, error) {
 			for _, v := range perCPU {
 				c.add(Count{v.Packets, v.Bytes})
 			}
-			if drop == 1 {
+			switch {
+			case drop == 1:
 				rc.Dropped = c
 				out.Dropped.add(c)
-			} else {
+			case reason == datapath.MoatVerdictReasonREASON_SYN_COOKIE:
+				// XDP_TX has no slot of its own: this reason's pass
+				// slot holds it.
+				rc.Answered = c
+				out.Answered.add(c)
+			default:
 				rc.Passed = c
 				out.Passed.add(c)
 			}
