@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -21,7 +22,7 @@ import (
 
 func main() {
 	quick := flag.Bool("quick", false, "smoke run: small counts and denylist, about two minutes")
-	out := flag.String("out", "bench", "directory for results.md, results.json and plots")
+	out := flag.String("out", "bench", "directory for results.md, results.json and plots (with -quick: a temporary directory unless given)")
 	only := flag.String("only", "", "comma-separated subset of phases to run: "+strings.Join(bench.Phases, ","))
 	rounds := flag.Int("rounds", 0, "repetitions of the drop path and SYN comparisons (0: default)")
 	frames := flag.Uint64("frames", 0, "frames per drop-path run (0: default)")
@@ -32,6 +33,12 @@ func main() {
 	// anywhere on the command line.
 	cfg := bench.DefaultConfig(*quick)
 	cfg.Out = *out
+	outSet := false
+	flag.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
+	if *quick && !outSet {
+		// A smoke run must not replace the committed results.
+		cfg.Out = filepath.Join(os.TempDir(), "moat-bench-quick")
+	}
 	if *only != "" {
 		cfg.Phases = nil
 		for _, p := range strings.Split(*only, ",") {

@@ -99,11 +99,11 @@ type Bench struct {
 	deny         []netip.Prefix
 	floodSources netip.Prefix
 
-	shieldRoot              string
-	shield                  *shield.Shield
-	nftLoaded               bool
-	xdpFilter               *xdpFilterRx
-	xdpFilterOwn, xdpDirOwn bool
+	shieldRoot string
+	shield     *shield.Shield
+	nftLoaded  bool
+	xdpFilter  *xdpFilterRx
+	xdpDirOwn  bool // libxdp's pin directory did not exist before this run
 
 	http     *http.Server
 	cleanups []func() error

@@ -218,7 +218,6 @@ func (b *Bench) ensureXDPFilter(ctx context.Context) (*xdpFilterRx, error) {
 	_, err := os.Stat(libxdpPinDir)
 	b.xdpDirOwn = errors.Is(err, os.ErrNotExist)
 	r := &xdpFilterRx{b: b, features: "ipv4"}
-	b.xdpFilterOwn = true
 	b.onCleanup(func() error {
 		bg := context.Background()
 		r.run(bg, "unload", r.b.serverIf().Name) // normally unloaded already

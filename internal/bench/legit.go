@@ -15,8 +15,10 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/flood"
 	"github.com/moat-shield/moat/internal/lab"
+	"github.com/moat-shield/moat/internal/syncookie"
 )
 
 // legitTimeout bounds one legitimate request: connect, send, read reply.
@@ -142,7 +144,11 @@ func (b *Bench) legit(ctx context.Context) (*LegitResult, error) {
 	}
 	for _, d := range defences {
 		res.Defences = append(res.Defences, d.Name())
-		res.What = append(res.What, d.Name()+": "+d.What())
+		what := d.Name() + ": " + d.What()
+		if d == receiver(moat) {
+			what += "; " + b.moatSynState()
+		}
+		res.What = append(res.What, what)
 	}
 
 	maxPPS, err := b.synGeneratorMax(ctx, fc)
@@ -414,4 +420,18 @@ func request(target string) (float64, bool) {
 		return 0, false
 	}
 	return float64(time.Since(t0)) / float64(time.Millisecond), true
+}
+
+// moatSynState says whether the shield has SYN protection on the service
+// port, which changes what moat does with the legitimate clients' SYNs.
+func (b *Bench) moatSynState() string {
+	m := b.shield.Map(datapath.MoatMapSynPorts)
+	if m == nil {
+		return "this shield has no SYN protection"
+	}
+	var p datapath.MoatSynPort
+	if err := m.Lookup(uint32(servicePort), &p); err != nil || syncookie.Mode(p.Mode) == syncookie.ModeOff {
+		return fmt.Sprintf("SYN protection off on port %d (SYNs not denied go to the kernel)", servicePort)
+	}
+	return fmt.Sprintf("SYN protection %s on port %d", syncookie.Mode(p.Mode), servicePort)
 }

@@ -155,8 +155,8 @@ func (r *Results) Markdown() string {
 	m := r.Machine
 
 	p("# moat benchmarks\n\n")
-	p("Written by `make bench` (`go run ./cmd/moat-bench -out bench`), started %s UTC, finished %s UTC.\n\n",
-		r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("2006-01-02 15:04:05"))
+	p("Written by `make bench` (this run: `%s`), started %s UTC, finished %s UTC.\n\n",
+		commandLine(r.Config.Command), r.Started.Format("2006-01-02 15:04:05"), r.Finished.Format("2006-01-02 15:04:05"))
 	if r.Quick {
 		p("**This is a quick smoke run (`-quick`): small counts and a small denylist. Do not quote these figures.**\n\n")
 	}
@@ -173,6 +173,9 @@ func (r *Results) Markdown() string {
 		"absolute numbers are for this machine only, the ratios are what carries over. " +
 		"Each comparison alternates its contenders within every repetition, so drift of the machine spreads over all of them. " +
 		"Figures are median (min – max) over the repetitions.\n\n")
+	if busy(m.LoadBefore, m.VCPUs) || busy(m.LoadAfter, m.VCPUs) {
+		p("**The machine was busy with other work during this run** (load average above, on %d vCPUs): every contender ran with less CPU than it would alone and the spreads are wide. Compare contenders within this run, not with runs elsewhere.\n\n", m.VCPUs)
+	}
 
 	if r.Drop != nil && len(r.Drop.Goals) > 0 {
 		p("## Goals\n\n| goal | measured | met |\n|---|---|---|\n")
@@ -289,7 +292,9 @@ func legitMarkdown(w *strings.Builder, l *LegitResult) {
 	if l.Plot != "" {
 		p("![legitimate requests under a SYN flood](%s)\n\n", l.Plot)
 	}
-	p("\"offered\" is what the generator sent, \"taken\" what fitted in the server's receive ring; the rest was dropped at the full ring before any filter saw it.\n\n")
+	p("\"offered\" is what the generator sent, \"taken\" what fitted in the server's receive ring; the rest was dropped at the full ring before any filter saw it. " +
+		"How to read it: the flood is taken in by a kernel thread that the scheduler shares fairly with the service, so the flood cannot starve the service of CPU the way softirq processing on a real NIC can; " +
+		"what a defence changes here is how much of the flood the server gets through (\"taken\"), and, for clients on the attacked link, how often their own frames find the ring full.\n\n")
 	p("| clients | flood | defence | offered (Mpps) | taken (Mpps) | requests answered | p50 (ms) | p99 (ms) |\n|---|---|---|---|---|---|---|---|\n")
 	for _, pt := range l.Points {
 		rate := "none"
@@ -342,4 +347,31 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "**no**"
+}
+
+// busy tells whether a load average (first field of /proc/loadavg) shows
+// more runnable work than half the CPUs: other work shared the machine.
+func busy(loadavg string, cpus int) bool {
+	f := strings.Fields(loadavg)
+	if len(f) == 0 || cpus == 0 {
+		return false
+	}
+	var l float64
+	if _, err := fmt.Sscanf(f[0], "%g", &l); err != nil {
+		return false
+	}
+	return l > float64(cpus)/2
+}
+
+// commandLine shows how the run was started, with go run's temporary
+// binary named as the command it was built from.
+func commandLine(cmd string) string {
+	f := strings.Fields(cmd)
+	if len(f) == 0 {
+		return "moat-bench"
+	}
+	if strings.Contains(f[0], "go-build") {
+		f[0] = "go run ./cmd/moat-bench"
+	}
+	return strings.Join(f, " ")
 }
