@@ -26,6 +26,7 @@ struct exported_types {
 	enum rule_action action;
 	enum fragment_policy fragments;
 	enum malformed_policy malformed;
+	enum allow_in_use allow_in_use;
 };
 const struct exported_types *unused_exported_types __attribute__((unused));
 
@@ -70,7 +71,7 @@ int moat_filter(struct xdp_md *ctx)
 			       cfg->malformed == MALFORMED_DROP ? XDP_DROP : XDP_PASS);
 
 	/* From here the source address is whole. */
-	rule = match_allow(&pkt);
+	rule = match_allow(&pkt, cfg->allow_in_use);
 	if (rule) {
 		__sync_fetch_and_add(&rule->hits, 1);
 		return verdict(ctx, REASON_ALLOWLIST, XDP_PASS);

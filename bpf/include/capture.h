@@ -139,7 +139,7 @@ __noinline int capture_rule(const struct packet *pkt, __u32 reason, struct captu
 	if (!pkt || !hdr)
 		return 0;
 	if (pkt->addr_ok && reason == REASON_ALLOWLIST)
-		rule = match_allow(pkt);
+		rule = match_allow(pkt, ALLOW_IN_USE_V4 | ALLOW_IN_USE_V6); /* it matched: look */
 	else if (pkt->addr_ok && reason == REASON_DENYLIST)
 		rule = match_deny(pkt);
 	if (rule) {

@@ -79,6 +79,16 @@ enum fragment_policy {
 	FRAGMENTS_DROP = 1,
 };
 
+/* Which address families have allowlist entries (runtime_settings
+ * .allow_in_use). Only the control plane writes the allowlist: it sets a
+ * bit before adding entries and clears it after removing the last, so the
+ * data path skips both allow lookups for a family with none. A stale set
+ * bit costs a lookup, never a verdict. */
+enum allow_in_use {
+	ALLOW_IN_USE_V4 = 1,
+	ALLOW_IN_USE_V6 = 2,
+};
+
 /* What to do with a malformed packet. */
 enum malformed_policy {
 	MALFORMED_DROP = 0,

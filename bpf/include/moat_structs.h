@@ -80,6 +80,7 @@ struct verdict_counter {
 struct runtime_settings {
 	__u32 fragments; /* enum fragment_policy */
 	__u32 malformed; /* enum malformed_policy */
+	__u32 allow_in_use; /* enum allow_in_use bits */
 };
 
 #endif /* MOAT_STRUCTS_H */

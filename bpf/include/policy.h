@@ -47,11 +47,13 @@ match_prefix(void *hosts, void *nets, const __u8 *addr, int family, int fail_clo
 	return fail_closed ? r : NULL;
 }
 
-static __always_inline struct prefix_rule *match_allow(const struct packet *p)
+static __always_inline struct prefix_rule *match_allow(const struct packet *p, __u32 in_use)
 {
 	if (p->family == 4)
-		return match_prefix(&allow_v4_hosts, &allow_v4_nets, p->saddr, 4, 0);
-	return match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, 0);
+		return in_use & ALLOW_IN_USE_V4 ?
+			match_prefix(&allow_v4_hosts, &allow_v4_nets, p->saddr, 4, 0) : NULL;
+	return in_use & ALLOW_IN_USE_V6 ?
+		match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, 0) : NULL;
 }
 
 static __always_inline struct prefix_rule *match_deny(const struct packet *p)

@@ -137,8 +137,30 @@ func (f *fixture) add(l list, prefix string, expires uint64) {
 func (f *fixture) allow(prefix string) { f.tb.Helper(); f.add(allowList, prefix, 0) }
 func (f *fixture) deny(prefix string)  { f.tb.Helper(); f.add(denyList, prefix, 0) }
 
+// markAllow sets the allowlist's in-use bit of p's family, as the control
+// plane does before adding allow entries.
+func (f *fixture) markAllow(l list, p netip.Prefix) {
+	f.tb.Helper()
+	if l != allowList {
+		return
+	}
+	var s MoatRuntimeSettings
+	if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
+		f.tb.Fatalf("settings: %v", err)
+	}
+	if p.Addr().Is4() {
+		s.AllowInUse |= uint32(MoatAllowInUseALLOW_IN_USE_V4)
+	} else {
+		s.AllowInUse |= uint32(MoatAllowInUseALLOW_IN_USE_V6)
+	}
+	if err := f.objs.Settings.Put(uint32(0), s); err != nil {
+		f.tb.Fatalf("settings: %v", err)
+	}
+}
+
 func (f *fixture) addHost(l list, p netip.Prefix, expires uint64) {
 	f.tb.Helper()
+	f.markAllow(l, p)
 	hosts, _ := f.maps(l, p.Addr().Is6())
 	v := MoatPrefixRule{Prefixlen: uint32(p.Bits()), ExpiresNs: expires}
 	if err := hosts.Put(hostKey(p.Addr()), v); err != nil {
@@ -149,6 +171,7 @@ func (f *fixture) addHost(l list, p netip.Prefix, expires uint64) {
 // addNet puts a prefix in the trie, even a /32 or /128.
 func (f *fixture) addNet(l list, p netip.Prefix, expires uint64) {
 	f.tb.Helper()
+	f.markAllow(l, p)
 	_, nets := f.maps(l, p.Addr().Is6())
 	v := MoatPrefixRule{Prefixlen: uint32(p.Bits()), ExpiresNs: expires}
 	if err := nets.Put(netKey(p), v); err != nil {
@@ -207,7 +230,11 @@ func (f *fixture) portHits(id uint16) uint64 {
 
 func (f *fixture) setPolicy(frag MoatFragmentPolicy, malformed MoatMalformedPolicy) {
 	f.tb.Helper()
-	s := MoatRuntimeSettings{Fragments: uint32(frag), Malformed: uint32(malformed)}
+	var s MoatRuntimeSettings
+	if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
+		f.tb.Fatalf("settings: %v", err)
+	}
+	s.Fragments, s.Malformed = uint32(frag), uint32(malformed)
 	if err := f.objs.Settings.Put(uint32(0), s); err != nil {
 		f.tb.Fatalf("settings: %v", err)
 	}
@@ -320,6 +347,9 @@ func (f *fixture) reset() {
 		}
 	}
 	f.portIDs = map[uint16]bool{}
+	if err := f.objs.Settings.Put(uint32(0), MoatRuntimeSettings{}); err != nil { // allowlist empty again
+		f.tb.Fatalf("settings: %v", err)
+	}
 	f.setPolicy(fragPass, malformedDrop)
 	f.resetCounters()
 }

@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type MoatAllowInUse uint32
+
+const (
+	MoatAllowInUseALLOW_IN_USE_V4 MoatAllowInUse = 1
+	MoatAllowInUseALLOW_IN_USE_V6 MoatAllowInUse = 2
+)
+
 type MoatAttackShape struct {
 	_            structs.HostLayout
 	Sizes        [8]uint64
@@ -272,9 +279,10 @@ const (
 )
 
 type MoatRuntimeSettings struct {
-	_         structs.HostLayout
-	Fragments uint32
-	Malformed uint32
+	_          structs.HostLayout
+	Fragments  uint32
+	Malformed  uint32
+	AllowInUse uint32
 }
 
 type MoatShapePortBlock struct {

@@ -200,9 +200,14 @@ func (s *Shield) SetSettings(set rules.Settings) error {
 }
 
 func (s *Shield) writeSettings(set rules.Settings) error {
+	var cur datapath.MoatRuntimeSettings
+	if err := s.maps[datapath.MoatMapSettings].Lookup(uint32(0), &cur); err != nil {
+		return err
+	}
 	v := datapath.MoatRuntimeSettings{
-		Fragments: uint32(datapath.MoatFragmentPolicyFRAGMENTS_PASS),
-		Malformed: uint32(datapath.MoatMalformedPolicyMALFORMED_DROP),
+		Fragments:  uint32(datapath.MoatFragmentPolicyFRAGMENTS_PASS),
+		Malformed:  uint32(datapath.MoatMalformedPolicyMALFORMED_DROP),
+		AllowInUse: cur.AllowInUse, // kept up by the allowlist's writers
 	}
 	if set.Fragments == "drop" {
 		v.Fragments = uint32(datapath.MoatFragmentPolicyFRAGMENTS_DROP)
@@ -211,6 +216,22 @@ func (s *Shield) writeSettings(set rules.Settings) error {
 		v.Malformed = uint32(datapath.MoatMalformedPolicyMALFORMED_PASS)
 	}
 	return s.maps[datapath.MoatMapSettings].Update(uint32(0), v, ebpf.UpdateAny)
+}
+
+// updateAllowInUse rewrites the allowlist's in-use bits (see enum
+// allow_in_use) in one element write.
+func (s *Shield) updateAllowInUse(change func(uint32) uint32) error {
+	m := s.maps[datapath.MoatMapSettings]
+	var v datapath.MoatRuntimeSettings
+	if err := m.Lookup(uint32(0), &v); err != nil {
+		return err
+	}
+	next := change(v.AllowInUse)
+	if next == v.AllowInUse {
+		return nil
+	}
+	v.AllowInUse = next
+	return m.Update(uint32(0), v, ebpf.UpdateAny)
 }
 
 // SetPortRules makes the port rules equal to want and returns how many

@@ -166,6 +166,17 @@ func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
 			return userErrorf("%s is already in the %s", p, l)
 		}
 	}
+	if l == AllowList {
+		// Before the entries: the data path skips the lookups of a
+		// family whose bit is clear.
+		var bits uint32
+		for _, e := range entries {
+			bits |= familyBit(e.Prefix)
+		}
+		if err := s.updateAllowInUse(func(in uint32) uint32 { return in | bits }); err != nil {
+			return err
+		}
+	}
 	b := s.newPrefixBatches(l)
 	b.reserve(entries)
 	// Comments first, so that a listing never shows a rule whose comment
@@ -381,7 +392,43 @@ func (s *Shield) deletePrefixes(l List, prefixes []netip.Prefix) error {
 		return fmt.Errorf("update %s: %w", l, err)
 	}
 	runJobs(cb.deleteJobs()) // entries without a comment have none to delete
+	if l == AllowList {
+		return s.clearEmptyAllowFamilies()
+	}
 	return nil
+}
+
+func familyBit(p netip.Prefix) uint32 {
+	if p.Addr().Is4() {
+		return uint32(datapath.MoatAllowInUseALLOW_IN_USE_V4)
+	}
+	return uint32(datapath.MoatAllowInUseALLOW_IN_USE_V6)
+}
+
+// clearEmptyAllowFamilies clears the in-use bit of each family whose allow
+// maps are empty, after entries were removed.
+func (s *Shield) clearEmptyAllowFamilies() error {
+	var empty uint32
+	for _, v6 := range []bool{false, true} {
+		hosts, nets := s.listMaps(AllowList, v6)
+		n := 0
+		for _, m := range []*ebpf.Map{hosts, nets} {
+			var key []byte
+			if err := m.NextKey(nil, &key); err == nil {
+				n++
+			} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
+			}
+		}
+		if n == 0 {
+			if v6 {
+				empty |= uint32(datapath.MoatAllowInUseALLOW_IN_USE_V6)
+			} else {
+				empty |= uint32(datapath.MoatAllowInUseALLOW_IN_USE_V4)
+			}
+		}
+	}
+	return s.updateAllowInUse(func(in uint32) uint32 { return in &^ empty })
 }
 
 // listRule is an entry as read from its map, before it is decorated.

@@ -302,3 +302,52 @@ func TestMissingInterface(t *testing.T) {
 		t.Fatalf("attachments %+v, %v", atts, err)
 	}
 }
+
+// TestAllowInUseBits checks the bits that let the data path skip an empty
+// allowlist: set for a family before its first allow entry goes in,
+// cleared after its last one goes out, kept across policy changes.
+func TestAllowInUseBits(t *testing.T) {
+	s := openFresh(t)
+	bits := func() uint32 {
+		t.Helper()
+		var v datapath.MoatRuntimeSettings
+		if err := s.Map(datapath.MoatMapSettings).Lookup(uint32(0), &v); err != nil {
+			t.Fatal(err)
+		}
+		return v.AllowInUse
+	}
+	v4, v6 := uint32(datapath.MoatAllowInUseALLOW_IN_USE_V4), uint32(datapath.MoatAllowInUseALLOW_IN_USE_V6)
+	if b := bits(); b != 0 {
+		t.Fatalf("fresh state: bits %b", b)
+	}
+	if err := s.Add(shield.DenyList, entries("198.51.100.0/24"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	if b := bits(); b != 0 {
+		t.Fatalf("a deny entry set allow bits %b", b)
+	}
+	if err := s.Add(shield.AllowList, entries("192.0.2.1/32", "2001:db8::/48"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	if b := bits(); b != v4|v6 {
+		t.Fatalf("after allowing both families: bits %b", b)
+	}
+	if err := s.SetSettings(rules.Settings{Fragments: "drop", Malformed: "drop"}); err != nil {
+		t.Fatal(err)
+	}
+	if b := bits(); b != v4|v6 {
+		t.Fatalf("a policy change lost the bits: %b", b)
+	}
+	if err := s.RemovePrefixes(shield.AllowList, []netip.Prefix{pfx("2001:db8::/48")}); err != nil {
+		t.Fatal(err)
+	}
+	if b := bits(); b != v4 {
+		t.Fatalf("after removing the last IPv6 entry: bits %b", b)
+	}
+	if err := s.RemovePrefixes(shield.AllowList, []netip.Prefix{pfx("192.0.2.1/32")}); err != nil {
+		t.Fatal(err)
+	}
+	if b := bits(); b != 0 {
+		t.Fatalf("after removing every entry: bits %b", b)
+	}
+}
