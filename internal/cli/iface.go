@@ -23,6 +23,9 @@ func newAttachCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := g.refuseIfManaged(); err != nil {
+				return err
+			}
 			// Refuse a missing interface before attaching to any, so that
 			// a refused command changes nothing.
 			if err := checkNames(ifaces); err != nil {
@@ -71,6 +74,9 @@ func newDetachCmd(g *globals) *cobra.Command {
 			return nil
 		}),
 		RunE: func(cmd *cobra.Command, ifaces []string) error {
+			if err := g.refuseIfManaged(); err != nil {
+				return err
+			}
 			s, err := g.openExisting()
 			if err != nil {
 				return err
@@ -160,7 +166,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "moat is not set up (nothing pinned under %s)\n", g.root)
 				return nil
 			}
-			s, err := g.open()
+			s, err := g.openExisting()
 			if err != nil {
 				return err
 			}

@@ -228,7 +228,11 @@ func newPolicyCmd(g *globals) *cobra.Command {
 			return nil
 		}),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			s, err := g.open()
+			open := g.open
+			if len(a) == 0 { // only shows the policy
+				open = g.openState
+			}
+			s, err := open()
 			if err != nil {
 				return err
 			}

@@ -104,8 +104,31 @@ func newRoot(g *globals) *cobra.Command {
 // extraCommands lets feature files (flood, syn, ...) register themselves.
 var extraCommands []func(*globals) *cobra.Command
 
-// open opens the pinned state.
+// open opens the pinned state to change it. Where a daemon manages this
+// root it refuses: the daemon is the one writer, and a change made behind
+// its back would be neither persisted nor kept at its next reload. The
+// commands whose changes the daemon takes through its API ask it first.
 func (g *globals) open() (*shield.Shield, error) {
+	if err := g.refuseIfManaged(); err != nil {
+		return nil, err
+	}
+	return g.openState()
+}
+
+// refuseIfManaged fails with a usage error when a daemon manages g.root.
+func (g *globals) refuseIfManaged() error {
+	c, err := g.daemon()
+	if err != nil {
+		return err
+	}
+	if c != nil {
+		return usagef("a moat daemon manages %s (%s): change its config file and run `moat reload`", g.root, c.socket)
+	}
+	return nil
+}
+
+// openState opens the pinned state, creating it if need be.
+func (g *globals) openState() (*shield.Shield, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("moat needs root (CAP_BPF and CAP_NET_ADMIN)")
 	}
@@ -122,7 +145,7 @@ func (g *globals) openExisting() (*shield.Shield, error) {
 	if _, err := os.Stat(g.root); errors.Is(err, fs.ErrNotExist) {
 		return nil, usagef("moat is not set up: nothing is pinned under %s", g.root)
 	}
-	return g.open()
+	return g.openState()
 }
 
 // discard removes the empty state that a refused command created, so that

@@ -739,3 +739,45 @@ func TestCaptureTurnedOff(t *testing.T) {
 		t.Fatalf("moat dump with captures turned off: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// TestManagedRootRefusesDirectChanges checks the one-writer rule: while a
+// daemon manages the root, commands that would change its state behind
+// its back refuse with a usage error and change nothing; reading works,
+// and changes the API takes go through the daemon.
+func TestManagedRootRefusesDirectChanges(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	list := filepath.Join(e.dir, "list.netset")
+	if err := os.WriteFile(list, []byte("203.0.113.0/24\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := e.rulesNow()
+	for _, args := range [][]string{
+		{"attach", e.clientIf()},
+		{"detach", e.attackerIf()},
+		{"policy", "fragments", "drop"},
+		{"import", list},
+		{"syn", "protect", "tcp/443", "--mode", "always"},
+		{"limit", "add", "source", "udp", "--pps", "100"},
+	} {
+		r := e.moat(args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "daemon manages") {
+			t.Errorf("moat %v with a daemon: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+	if after := e.rulesNow(); strings.Join(after, ",") != strings.Join(before, ",") {
+		t.Errorf("refused commands changed the rules: %v -> %v", before, after)
+	}
+	if a := e.attachment(); a.LinkID == 0 {
+		t.Errorf("the refused detach detached: %+v", a)
+	}
+	for _, args := range [][]string{{"status"}, {"policy"}, {"list"}} {
+		if r := e.moat(args...); r.code != 0 {
+			t.Errorf("moat %v with a daemon: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+	if r := e.moat("block", "203.0.113.9"); r.code != 0 || !strings.Contains(r.stderr, "via moat daemon") {
+		t.Errorf("block through the daemon: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
