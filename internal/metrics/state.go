@@ -88,28 +88,12 @@ type pinnedIface struct {
 // ifaces lists the interfaces that have pins, skipping directories still
 // being filled (shield pins into tmp-* and renames into place).
 func (p *pinned) ifaces() ([]pinnedIface, error) {
-	dir := filepath.Join(p.root, "ifaces")
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
+	pins, err := shield.PinnedInterfaces(p.root)
 	var out []pinnedIface
-	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), "tmp-") {
-			continue
-		}
-		out = append(out, pinnedIface{name: ifaceName(e.Name()), dir: filepath.Join(dir, e.Name())})
+	for _, pin := range pins {
+		out = append(out, pinnedIface{name: pin.Name, dir: pin.Dir})
 	}
-	return out, nil
-}
-
-// ifaceName undoes shield's escaping of interface names in pin names
-// (bpffs refuses dots, which VLAN devices have).
-func ifaceName(pin string) string {
-	return strings.NewReplacer("%2e", ".", "%25", "%").Replace(pin)
+	return out, err
 }
 
 // counters reads an interface's verdict counters. ok is false when the

@@ -289,20 +289,39 @@ func (s *Shield) Detach(name string) error {
 
 // attachedNames lists the interfaces moat has pins for.
 func (s *Shield) attachedNames() ([]string, error) {
-	ents, err := os.ReadDir(s.ifacesDir())
+	pins, err := PinnedInterfaces(s.root)
+	var out []string
+	for _, p := range pins {
+		out = append(out, p.Name)
+	}
+	return out, err
+}
+
+// PinnedInterface is an interface with pins under a root, and the
+// directory that holds them.
+type PinnedInterface struct {
+	Name, Dir string
+}
+
+// PinnedInterfaces lists, sorted by name, the interfaces that have pins
+// under root, skipping directories still being filled. It only reads the
+// directory, without the state's lock, for readers such as the metrics.
+func PinnedInterfaces(root string) ([]PinnedInterface, error) {
+	dir := filepath.Join(root, "ifaces")
+	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var out []PinnedInterface
 	for _, e := range ents {
 		if e.IsDir() && !strings.HasPrefix(e.Name(), tmpPrefix) {
-			out = append(out, ifaceName(e.Name()))
+			out = append(out, PinnedInterface{Name: ifaceName(e.Name()), Dir: filepath.Join(dir, e.Name())})
 		}
 	}
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
