@@ -105,6 +105,15 @@ func TestBadInput(t *testing.T) {
 		{"stats of an interface not attached", []string{"stats", "--iface", "moat-nx0"}, "not attached"},
 		{"stats watch too fast", []string{"stats", "--watch", "1ms"}, "--watch"},
 		{"export bad format", []string{"export", "--format", "xml"}, "--format"},
+		{"flood unknown kind", []string{"flood", "--kind", "smurf", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--dst-port", "9", "--src", "198.19.0.0/16", "--count", "1"}, "kind"},
+		{"flood bad source", []string{"flood", "--kind", "udp", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--dst-port", "9", "--src", "198.19.0.0/33", "--count", "1"}, "src"},
+		{"flood out of loopback", []string{"flood", "--kind", "udp", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--dst-port", "9", "--src", "198.19.0.0/16", "--count", "1"}, "lab tool"},
+		{"syn protect udp", []string{"syn", "protect", "udp/53"}, "tcp/PORT"},
+		{"syn protect bad mode", []string{"syn", "protect", "tcp/443", "--mode", "sometimes"}, "mode"},
+		{"limit without rate", []string{"limit", "add", "source", "udp/53"}, ""},
+		{"limit bad scope", []string{"limit", "add", "source", "sctp/9", "--pps", "10"}, ""},
+		{"dump bad verdict", []string{"dump", "--verdict", "maybe", "-w", filepath.Join(dir, "x.pcapng")}, "verdict"},
+		{"dump bad snaplen", []string{"dump", "-s", "0", "-w", filepath.Join(dir, "x.pcapng")}, "snaplen"},
 	}
 
 	root := newRoot(t)
