@@ -18,6 +18,7 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/cli"
 	"github.com/moat-shield/moat/internal/lab"
@@ -198,6 +199,14 @@ func listenUDP(t *testing.T) (*udpSink, error) {
 		return nil, err
 	}
 	t.Cleanup(func() { pc.Close() })
+	// Floods that a limit lets through arrive in bursts: a default-sized
+	// buffer would drop datagrams the tests count, which is not moat's
+	// doing. FORCE, as root, goes past net.core.rmem_max.
+	if rc, err := pc.(*net.UDPConn).SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
+		})
+	}
 	s := &udpSink{port: uint16(pc.LocalAddr().(*net.UDPAddr).Port), got: map[string]bool{}}
 	go func() {
 		buf := make([]byte, 2048)
