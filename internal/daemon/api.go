@@ -79,30 +79,9 @@ func (d *Daemon) api() http.Handler {
 		st, err := d.status()
 		reply(w, st, err)
 	})
-	mux.HandleFunc("POST /v1/prefixes/add", func(w http.ResponseWriter, r *http.Request) {
-		var req PrefixRequest
-		if !readJSON(w, r, &req) {
-			return
-		}
-		n, err := d.AddPrefixes(req)
-		reply(w, ChangeResponse{n}, err)
-	})
-	mux.HandleFunc("POST /v1/prefixes/remove", func(w http.ResponseWriter, r *http.Request) {
-		var req PrefixRequest
-		if !readJSON(w, r, &req) {
-			return
-		}
-		n, err := d.RemovePrefixes(req)
-		reply(w, ChangeResponse{n}, err)
-	})
-	mux.HandleFunc("POST /v1/ports", func(w http.ResponseWriter, r *http.Request) {
-		var req PortRequest
-		if !readJSON(w, r, &req) {
-			return
-		}
-		n, err := d.ChangePorts(req)
-		reply(w, ChangeResponse{n}, err)
-	})
+	mux.HandleFunc("POST /v1/prefixes/add", change(d.AddPrefixes))
+	mux.HandleFunc("POST /v1/prefixes/remove", change(d.RemovePrefixes))
+	mux.HandleFunc("POST /v1/ports", change(d.ChangePorts))
 	mux.HandleFunc("GET /v1/capture", func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
 		c := d.cfg.Capture
@@ -389,4 +368,17 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 		d.log.Info(verb, "action", req.Action, "rules", req.Rules)
 		return nil
 	})
+}
+
+// change serves a rule change: the request's JSON in, the number of rules
+// changed out.
+func change[Req any](apply func(Req) (int, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		if !readJSON(w, r, &req) {
+			return
+		}
+		n, err := apply(req)
+		reply(w, ChangeResponse{n}, err)
+	}
 }
