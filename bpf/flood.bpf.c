@@ -156,24 +156,32 @@ static __always_inline int rewrite_ipv6(void *data, void *end, __u32 *l4_acc, vo
 	return 0;
 }
 
+/* Rewrites the source and destination ports, which TCP and UDP both keep
+ * in their first four bytes, and returns the checksum delta. */
+static __always_inline __u32 rewrite_ports(__be16 *ports, __u32 acc)
+{
+	if (cfg_rewrite & FLOOD_REWRITE_SPORT) {
+		__u16 port = (__u16)next_random();
+
+		acc = csum_delta16(acc, ports[0], port);
+		ports[0] = port;
+	}
+	if (cfg_rewrite & FLOOD_REWRITE_DPORT) {
+		__u16 port = (__u16)next_random();
+
+		acc = csum_delta16(acc, ports[1], port);
+		ports[1] = port;
+	}
+	return acc;
+}
+
 static __always_inline int rewrite_tcp(void *l4, void *end, __u32 acc)
 {
 	struct tcphdr *th = l4;
 
 	if ((void *)(th + 1) > end)
 		return -1;
-	if (cfg_rewrite & FLOOD_REWRITE_SPORT) {
-		__u16 port = (__u16)next_random();
-
-		acc = csum_delta16(acc, th->source, port);
-		th->source = port;
-	}
-	if (cfg_rewrite & FLOOD_REWRITE_DPORT) {
-		__u16 port = (__u16)next_random();
-
-		acc = csum_delta16(acc, th->dest, port);
-		th->dest = port;
-	}
+	acc = rewrite_ports(&th->source, acc);
 	if (cfg_rewrite & FLOOD_REWRITE_SEQ) {
 		__u32 seq = (__u32)next_random();
 
@@ -206,18 +214,7 @@ static __always_inline int rewrite_udp(void *l4, void *end, __u32 acc)
 
 	if ((void *)(uh + 1) > end)
 		return -1;
-	if (cfg_rewrite & FLOOD_REWRITE_SPORT) {
-		__u16 port = (__u16)next_random();
-
-		acc = csum_delta16(acc, uh->source, port);
-		uh->source = port;
-	}
-	if (cfg_rewrite & FLOOD_REWRITE_DPORT) {
-		__u16 port = (__u16)next_random();
-
-		acc = csum_delta16(acc, uh->dest, port);
-		uh->dest = port;
-	}
+	acc = rewrite_ports(&uh->source, acc);
 	check = csum_apply(uh->check, acc);
 	/* 0 means "no checksum" in UDP; the same sum is sent as 0xffff. */
 	uh->check = check ? check : 0xffff;

@@ -255,13 +255,16 @@ static __always_inline int parse_l4(struct cursor *c, struct packet *p, void *da
 	return PARSE_OK;
 }
 
-/* Parses a frame up to and including its L4 header. */
-static __always_inline int parse_packet(struct xdp_md *ctx, struct packet *p)
+/* Parses a frame in [data, data_end) up to and including its L4 header.
+ * ipv6_tcp_only (a constant at every call, so the verifier never sees the
+ * other branch) treats any IPv6 packet whose first header after IPv6 is not
+ * TCP as not IP: for callers that never need the extension header walk. */
+static __always_inline int parse_frame(void *data, void *data_end, struct packet *p,
+				       const int ipv6_tcp_only)
 {
-	void *data = (void *)(long)ctx->data;
 	struct cursor c = {
 		.pos = data,
-		.end = (void *)(long)ctx->data_end,
+		.end = data_end,
 	};
 	__u16 proto;
 	__u8 l4proto = 0;
@@ -272,12 +275,18 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct packet *p)
 		return ret;
 
 	p->l3_off = c.pos - data;
-	if (proto == bpf_htons(ETH_P_IP))
+	if (proto == bpf_htons(ETH_P_IP)) {
 		ret = parse_ipv4(&c, p, &l4proto);
-	else if (proto == bpf_htons(ETH_P_IPV6))
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6h = c.pos;
+
+		if (ipv6_tcp_only &&
+		    ((void *)(ip6h + 1) > c.end || ip6h->nexthdr != IPPROTO_TCP))
+			return PARSE_NON_IP;
 		ret = parse_ipv6(&c, p, &l4proto);
-	else
+	} else {
 		return PARSE_NON_IP;
+	}
 	if (ret != PARSE_OK)
 		return ret;
 
@@ -285,6 +294,12 @@ static __always_inline int parse_packet(struct xdp_md *ctx, struct packet *p)
 	if (p->fragment)
 		return PARSE_OK;
 	return parse_l4(&c, p, data);
+}
+
+/* Parses an XDP frame, every header chain included. */
+static __always_inline int parse_packet(struct xdp_md *ctx, struct packet *p)
+{
+	return parse_frame((void *)(long)ctx->data, (void *)(long)ctx->data_end, p, 0);
 }
 
 #endif /* MOAT_PARSING_H */

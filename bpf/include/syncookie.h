@@ -759,41 +759,12 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	return SYN_CONTINUE;
 }
 
-/* Parses an skb with the same cursor helpers as the XDP program. */
+/* Parses an skb with the XDP program's parser. Cookies are only issued
+ * without IPv6 extension headers, so the tc side skips their walk, which
+ * spares the verifier the paths through it. */
 static __always_inline int syn_parse_skb(struct __sk_buff *skb, struct packet *p)
 {
-	void *data = (void *)(long)skb->data;
-	struct cursor c = {
-		.pos = data,
-		.end = (void *)(long)skb->data_end,
-	};
-	__u16 proto;
-	__u8 l4proto = 0;
-	int ret;
-
-	ret = parse_eth(&c, p, &proto);
-	if (ret != PARSE_OK)
-		return ret;
-	p->l3_off = c.pos - data;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		ret = parse_ipv4(&c, p, &l4proto);
-	} else if (proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6h = c.pos;
-
-		/* Cookies are only issued without extension headers; knowing
-		 * that here spares the verifier the walk through them. */
-		if ((void *)(ip6h + 1) > c.end || ip6h->nexthdr != IPPROTO_TCP)
-			return PARSE_NON_IP;
-		ret = parse_ipv6(&c, p, &l4proto);
-	} else {
-		return PARSE_NON_IP;
-	}
-	if (ret != PARSE_OK)
-		return ret;
-	p->l4proto = l4proto;
-	if (p->fragment)
-		return PARSE_OK;
-	return parse_l4(&c, p, data);
+	return parse_frame((void *)(long)skb->data, (void *)(long)skb->data_end, p, 1);
 }
 
 /* The tc ingress side: a valid moat cookie ACK for a listener becomes a

@@ -145,7 +145,6 @@ func (sl *shieldLab) list() rules.Ruleset {
 
 // Addresses of the lab, named by who has them.
 func (sl *shieldLab) clientV4() netip.Addr   { return sl.lab.Client.Ifaces[0].IPv4.Addr() }
-func (sl *shieldLab) clientV6() netip.Addr   { return sl.lab.Client.Ifaces[0].IPv6.Addr() }
 func (sl *shieldLab) attackerV4() netip.Addr { return sl.lab.Attacker.Ifaces[0].IPv4.Addr() }
 func (sl *shieldLab) attackerV6() netip.Addr { return sl.lab.Attacker.Ifaces[0].IPv6.Addr() }
 

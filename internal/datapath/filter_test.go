@@ -59,9 +59,6 @@ func udp6(dport uint16) []byte {
 func tcp4From(src netip.Addr, dport uint16) []byte {
 	return testpkt.TCPv4(src, dst4, testpkt.TCP{SYN: true, SrcPort: 40000, DstPort: dport})
 }
-func tcp6From(src netip.Addr, dport uint16) []byte {
-	return testpkt.TCPv6(src, dst6, testpkt.TCP{SYN: true, SrcPort: 40000, DstPort: dport})
-}
 
 // v6ext builds TCP/IPv6 to port 22 behind the given extension headers.
 func v6ext(ext ...testpkt.IPv6Ext) []byte {

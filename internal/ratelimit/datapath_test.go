@@ -16,11 +16,6 @@ import (
 	"github.com/moat-shield/moat/internal/testpkt"
 )
 
-const (
-	xdpDrop = 1
-	xdpPass = 2
-)
-
 var (
 	src4  = netip.MustParseAddr("10.1.2.3")
 	src4b = netip.MustParseAddr("10.1.2.4")

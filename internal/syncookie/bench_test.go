@@ -28,7 +28,6 @@ func BenchmarkPerPacket(b *testing.B) {
 	}
 	// Not 127.0.0.1: moat answers no SYN from or to a loopback address.
 	lo := netip.MustParseAddr("10.99.0.1")
-	const repeat = 2_000_000
 
 	type benchCase struct {
 		name    string
