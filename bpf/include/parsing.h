@@ -52,6 +52,25 @@ struct cursor {
 	void *l3_end; /* end of the IP datagram as its header declares */
 };
 
+/* The TCP options moat reads (tcp_options.h). */
+struct tcp_opts {
+	__u32 tsval;
+	__u32 tsecr;
+	__u16 mss;
+	__u8 has_mss;
+	__u8 wscale;
+	__u8 has_wscale;
+	__u8 sack_ok;
+	__u8 has_ts;
+	__u8 pad;
+};
+
+enum tcp_opts_state {
+	TCP_OPTS_UNREAD = 0,
+	TCP_OPTS_READ = 1,       /* opts holds them (all zero: none) */
+	TCP_OPTS_UNREADABLE = 2, /* the copy out of the frame failed */
+};
+
 /* What the parser found out about a packet. */
 struct packet {
 	__u8 family;    /* 4 or 6, 0 when not IP */
@@ -67,7 +86,19 @@ struct packet {
 	__u8 tcp_flags; /* the flags byte of the TCP header */
 	__u8 saddr[16]; /* IPv4 uses the first 4 bytes */
 	__u8 daddr[16];
+	__u8 opts_state; /* enum tcp_opts_state: what opts holds */
+	struct tcp_opts opts; /* filled on first use (xdp_tcp_options) */
+	__u64 now;      /* CLOCK_BOOTTIME, read on first use (packet_now) */
 };
+
+/* The time the packet is handled at, CLOCK_BOOTTIME in ns: one clock read
+ * per packet however many stages need it (a read is a helper call). */
+static __always_inline __u64 packet_now(struct packet *p)
+{
+	if (!p->now)
+		p->now = bpf_ktime_get_boot_ns();
+	return p->now;
+}
 
 static __always_inline int parse_eth(struct cursor *c, struct packet *p, __u16 *proto)
 {

@@ -284,8 +284,9 @@ static __always_inline __u32 shape_size_bucket(__u32 len)
 
 /* Counts the packet in the attack shape. TCP options are walked for SYNs
  * only: they are what tells one SYN flood tool from another, and walking
- * them on every segment would cost every connection. */
-static __always_inline void shape_count(struct xdp_md *ctx, const struct packet *p, __u32 len)
+ * them on every segment would cost every connection. The walk is kept in p
+ * for the SYN defence (xdp_tcp_options). */
+static __always_inline void shape_count(struct xdp_md *ctx, struct packet *p, __u32 len)
 {
 	struct attack_shape *s;
 	struct shape_port_block *ports;
@@ -353,22 +354,40 @@ static __always_inline void shape_count(struct xdp_md *ctx, const struct packet 
 				s->tcp_no_options++;
 			return;
 		}
-		if (optlen >= 1 && optlen <= TCP_MAX_OPTLEN) {
-			struct tcp_opt_walk w = {};
+		if (optlen) {
+			const struct tcp_opts *o = xdp_tcp_options(ctx, p);
 			__u32 combo;
 
-			if (bpf_xdp_load_bytes(ctx, p->l4_off + sizeof(struct tcphdr), w.buf,
-					       ((optlen - 1) & TCP_OPTBUF_MASK) + 1))
+			if (!o)
 				return;
-			w.len = optlen;
-			parse_tcp_options(&w);
-			combo = (w.opts.has_mss ? 1 : 0) | (w.opts.has_wscale ? 2 : 0) |
-				(w.opts.sack_ok ? 4 : 0) | (w.opts.has_ts ? 8 : 0);
+			combo = (o->has_mss ? 1 : 0) | (o->has_wscale ? 2 : 0) |
+				(o->sack_ok ? 4 : 0) | (o->has_ts ? 8 : 0);
 			s->syn_options[combo & 15]++;
 		} else {
 			s->syn_options[0]++;
 		}
 	}
+}
+
+/* Whether this packet is its CPU's next heavy-hitter sample: one in
+ * 2^log2 on average. The gap to the next sample is drawn at each sample,
+ * uniform over [1, 2^(log2 + 1)], so the other packets cost a countdown,
+ * not a random number (a helper call) each. */
+static __always_inline int hh_sampled(__u32 log2)
+{
+	__u32 zero = 0, *left;
+
+	if (log2 == 0)
+		return 1;
+	left = bpf_map_lookup_elem(&hh_countdown, &zero);
+	if (!left)
+		return 0;
+	if (*left > 1) {
+		(*left)--;
+		return 0;
+	}
+	*left = (bpf_get_prandom_u32() & ((2U << log2) - 1)) + 1;
+	return 1;
 }
 
 /* Samples the packet into the heavy-hitter map. */
@@ -412,15 +431,16 @@ static __always_inline void rl_fill(const struct rl_slot *s, __u32 *src, __u32 *
 __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 {
 	__u32 len = ctx->data_end - ctx->data;
-	__u64 now = bpf_ktime_get_boot_ns();
 	struct rl_config *set;
 	struct rl_rule_stats *st;
 	struct rl_rule *r;
 	__u32 zero = 0, all = RL_CLASS_ALL, src = 0, bud = 0, idx;
 	int class = -1, res = RL_PASS;
+	__u64 now;
 
 	if (!p)
 		return RL_PASS;
+	now = packet_now(p);
 	set = bpf_map_lookup_elem(&rl_settings, &zero);
 	if (p->has_l4)
 		class = port_class(p);
@@ -475,7 +495,7 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 			shape_count(ctx, p, len);
 		if (log2 > HH_MAX_SAMPLE_LOG2)
 			log2 = HH_MAX_SAMPLE_LOG2;
-		if (!set->hh_off && !(bpf_get_prandom_u32() & ((1U << log2) - 1)))
+		if (!set->hh_off && hh_sampled(log2))
 			hh_count(p, len, res != RL_PASS, now);
 	}
 	return res;

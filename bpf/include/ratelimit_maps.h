@@ -86,6 +86,15 @@ struct {
 	__type(value, struct hh_counts);
 } hh_sources SEC(".maps");
 
+/* Packets each CPU lets go by before its next heavy-hitter sample. Not
+ * shared: a program that starts afresh just samples its first packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} hh_countdown SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* SipHash-2-4 (Aumasson and Bernstein) over a whole number of 64-bit
- * little-endian words: a fixed amount of work, as the verifier wants. */
+ * little-endian words, unrolled: a bounded amount of work, as the verifier
+ * wants. */
 #ifndef MOAT_SIPHASH_H
 #define MOAT_SIPHASH_H
 
@@ -30,8 +31,10 @@ static __always_inline void sip_round(struct sip_state *s)
 	s->v2 = SIP_ROTL(s->v2, 32);
 }
 
-/* nwords must be a compile-time constant so the loop unrolls. */
-static __always_inline __u64 siphash24_words(__u64 k0, __u64 k1, const __u64 *m, const int nwords)
+/* Hashes the first nwords words of m; max_words, the most nwords can be,
+ * must be a compile-time constant so that the loop unrolls. */
+static __always_inline __u64 siphash24_words(__u64 k0, __u64 k1, const __u64 *m, __u32 nwords,
+					     const int max_words)
 {
 	struct sip_state s = {
 		.v0 = k0 ^ 0x736f6d6570736575ULL,
@@ -43,11 +46,13 @@ static __always_inline __u64 siphash24_words(__u64 k0, __u64 k1, const __u64 *m,
 	int i;
 
 #pragma unroll
-	for (i = 0; i < nwords; i++) {
-		s.v3 ^= m[i];
-		sip_round(&s);
-		sip_round(&s);
-		s.v0 ^= m[i];
+	for (i = 0; i < max_words; i++) {
+		if (i < nwords) {
+			s.v3 ^= m[i];
+			sip_round(&s);
+			sip_round(&s);
+			s.v0 ^= m[i];
+		}
 	}
 	s.v3 ^= b;
 	sip_round(&s);

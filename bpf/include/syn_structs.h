@@ -116,7 +116,7 @@ struct syn_key {
 /* Rotation state, written by the control plane after the new key. */
 struct syn_key_state {
 	__u64 generation; /* number of rotations; 0: no key yet, no cookies */
-	__u64 rotated_ns; /* CLOCK_MONOTONIC of the last rotation */
+	__u64 rotated_ns; /* CLOCK_BOOTTIME of the last rotation */
 };
 
 /* Settings of the SYN defence that may change at run time; zero fields
@@ -135,8 +135,7 @@ struct syn_config {
 	__u64 rotation_period_ns;
 };
 
-/* The message SipHash authenticates, 48 bytes (6 words) for both
- * families; IPv4 addresses use the first 4 bytes and the rest stays 0. */
+/* The message SipHash authenticates for IPv6, 48 bytes (6 words). */
 struct syn_cookie_msg {
 	__u8 saddr[16]; /* the client's address */
 	__u8 daddr[16]; /* ours */
@@ -144,7 +143,20 @@ struct syn_cookie_msg {
 	__be16 dport;
 	__be32 client_isn; /* network order */
 	__u32 meta;     /* the cookie's low 10 bits, | SYN_COOKIE_MSG_TS */
-	__u32 family;   /* 4 or 6 */
+	__u32 family;   /* 6 */
+};
+
+/* The same for IPv4, 24 bytes (3 words). SipHash puts the length in its
+ * last block, and family says 4, so no IPv4 message hashes like an IPv6
+ * one. */
+struct syn_cookie_msg_v4 {
+	__u8 saddr[4];
+	__u8 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__be32 client_isn;
+	__u32 meta;
+	__u32 family; /* 4 */
 };
 
 #endif /* MOAT_SYN_STRUCTS_H */

@@ -111,20 +111,6 @@ static __always_inline __u32 syn_mss_index(__u16 mss)
 	return 0;
 }
 
-/* optlen (1..40) in a form whose range the verifier can see: the helpers
- * that copy options refuse a size that might be zero or exceed the buffer,
- * and the compiler otherwise checks a copy of the register it passes. */
-static __always_inline __u32 opt_copy_len(__u32 optlen)
-{
-	__u32 n = ((optlen - 1) & TCP_OPTBUF_MASK) + 1;
-
-	/* The empty asm makes n opaque to the compiler, so the register the
-	 * helper gets is the one the mask and add bounded, whatever the
-	 * register allocation. */
-	asm volatile("" : "+r"(n));
-	return n;
-}
-
 static __always_inline struct syn_config *syn_get_config(void)
 {
 	__u32 zero = 0;
@@ -149,30 +135,41 @@ static __always_inline __u32 syn_tuple(const struct packet *p, struct bpf_sock_t
 	return sizeof(t->ipv6);
 }
 
-/* SipHash of a cookie's message; meta may carry SYN_COOKIE_MSG_TS. */
+/* SipHash of a cookie's message; meta may carry SYN_COOKIE_MSG_TS. An
+ * IPv4 message is half as long as an IPv6 one, and so half the hashing. */
 static __always_inline __u64 syn_hash(const struct syn_key *k, const struct packet *p,
 				      __be32 client_isn, __u32 meta)
 {
-	/* One buffer seen both ways: the stack is shared with the rest of the
-	 * SYN path and the verifier's 512 bytes are counted across calls. */
+	/* One buffer seen three ways: the stack is shared with the rest of
+	 * the SYN path and the verifier's 512 bytes are counted across calls. */
 	union {
 		struct syn_cookie_msg msg;
+		struct syn_cookie_msg_v4 v4;
 		__u64 words[sizeof(struct syn_cookie_msg) / 8];
 	} u = {};
+	__u32 nwords;
 
+	meta &= SYN_COOKIE_META_MASK | SYN_COOKIE_MSG_TS;
 	if (p->family == 4) {
-		__builtin_memcpy(u.msg.saddr, p->saddr, 4);
-		__builtin_memcpy(u.msg.daddr, p->daddr, 4);
+		__builtin_memcpy(u.v4.saddr, p->saddr, 4);
+		__builtin_memcpy(u.v4.daddr, p->daddr, 4);
+		u.v4.sport = bpf_htons(p->sport);
+		u.v4.dport = bpf_htons(p->dport);
+		u.v4.client_isn = client_isn;
+		u.v4.meta = meta;
+		u.v4.family = 4;
+		nwords = sizeof(u.v4) / 8;
 	} else {
 		__builtin_memcpy(u.msg.saddr, p->saddr, 16);
 		__builtin_memcpy(u.msg.daddr, p->daddr, 16);
+		u.msg.sport = bpf_htons(p->sport);
+		u.msg.dport = bpf_htons(p->dport);
+		u.msg.client_isn = client_isn;
+		u.msg.meta = meta;
+		u.msg.family = 6;
+		nwords = sizeof(u.msg) / 8;
 	}
-	u.msg.sport = bpf_htons(p->sport);
-	u.msg.dport = bpf_htons(p->dport);
-	u.msg.client_isn = client_isn;
-	u.msg.meta = meta & (SYN_COOKIE_META_MASK | SYN_COOKIE_MSG_TS);
-	u.msg.family = p->family;
-	return siphash24_words(k->k0, k->k1, u.words, sizeof(u.words) / 8);
+	return siphash24_words(k->k0, k->k1, u.words, nwords, sizeof(u.words) / 8);
 }
 
 /* The cookie: 22 hash bits above the 10 meta bits. */
@@ -307,9 +304,8 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
  * once per window while a flood lasts, so detection costs a SYN a per-CPU
  * counter and a clock read. */
 static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_stats *st,
-					const struct syn_config *cfg)
+					const struct syn_config *cfg, __u64 now)
 {
-	__u64 now = bpf_ktime_get_ns();
 	__u64 hold = cfg->hold_ns ? cfg->hold_ns : SYN_DEFAULT_HOLD_NS;
 
 	if (now - st->win_start_ns >= SYN_WINDOW_NS) {
@@ -354,6 +350,21 @@ struct pseudo_v6 {
 	__u8 zero[3];
 	__u8 nexthdr;
 };
+
+/* The ones' complement sum of nwords 32-bit words, which csum_fold32 turns
+ * into a checksum: the same sum bpf_csum_diff makes, without a helper call
+ * per header. nwords must be a compile-time constant. */
+static __always_inline __u64 csum_words(const void *buf, const int nwords)
+{
+	const __u32 *w = buf;
+	__u64 sum = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < nwords; i++)
+		sum += w[i];
+	return sum;
+}
 
 static __always_inline __u16 csum_fold32(__u64 sum)
 {
@@ -422,8 +433,9 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 	__u32 l3, l4, optlen, payload, meta, slot, key;
 	struct syn_port_stats *st;
 	struct syn_config *cfg;
-	struct tcp_opt_walk w = {};
-	struct tcp_opts *o = &w.opts;
+	const struct tcp_opts *opts;
+	struct tcp_opts o_copy;
+	struct tcp_opts *o = &o_copy;
 	struct synack_tcp s = {};
 	struct syn_key_state *ks;
 	struct syn_key *k;
@@ -431,13 +443,14 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 	struct ethhdr *eth;
 	__u8 l2[SYN_MAX_L3_OFF];
 	__be32 client_isn;
-	__u64 sum, h, now = bpf_ktime_get_ns();
+	__u64 sum, h, now;
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
 	int ecn, delta, keys;
 
 	if (!ctx || !p)
 		return SYN_CONTINUE;
+	now = packet_now(p);
 	key = p->dport;
 	st = bpf_map_lookup_elem(&syn_stats, &key);
 	cfg = syn_get_config();
@@ -489,7 +502,6 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 	optlen = th->doff * 4;
 	if (optlen < sizeof(*th) || payload != optlen)
 		goto refuse; /* data in the SYN (TFO): the client resends a plain SYN */
-	optlen -= sizeof(*th);
 	client_isn = th->seq;
 	/* The kernel's rule for ECN setup (tcp_ecn_create_request): an
 	 * ECT-marked SYN gets ECN only with the reserved bit set. */
@@ -513,12 +525,11 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 	if (!k)
 		return SYN_CONTINUE;
 
-	if (optlen >= 1 && optlen <= TCP_MAX_OPTLEN) {
-		if (bpf_xdp_load_bytes(ctx, l4 + sizeof(*th), w.buf, opt_copy_len(optlen)))
-			return SYN_CONTINUE;
-		w.len = optlen;
-		parse_tcp_options(&w);
-	}
+	/* Read once per packet: the attack shape may have walked them. */
+	opts = xdp_tcp_options(ctx, p);
+	if (!opts)
+		return SYN_CONTINUE;
+	o_copy = *opts;
 
 	/* The cookie's low bits. */
 	wscale = SYN_COOKIE_NO_WSCALE;
@@ -562,7 +573,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 
 		__builtin_memcpy(&ph.saddr, p->daddr, 4);
 		__builtin_memcpy(&ph.daddr, p->saddr, 4);
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		sum = csum_words(&ph, sizeof(ph) / 4);
 	} else {
 		struct pseudo_v6 ph = {
 			.nexthdr = IPPROTO_TCP,
@@ -571,9 +582,9 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 
 		__builtin_memcpy(ph.saddr, p->daddr, 16);
 		__builtin_memcpy(ph.daddr, p->saddr, 16);
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		sum = csum_words(&ph, sizeof(ph) / 4);
 	}
-	sum = bpf_csum_diff(NULL, 0, (__be32 *)&s, sizeof(s), (__u32)sum);
+	sum += csum_words(&s, sizeof(s) / 4);
 	s.th.check = csum_fold32(sum);
 
 	/* Keep the Ethernet header and VLAN tags, then resize the frame to the
@@ -617,7 +628,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 			return XDP_DROP;
 		__builtin_memcpy(&ip.saddr, p->daddr, 4);
 		__builtin_memcpy(&ip.daddr, p->saddr, 4);
-		ip.check = csum_fold32(bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+		ip.check = csum_fold32(csum_words(&ip, sizeof(ip) / 4));
 		__builtin_memcpy(iph, &ip, sizeof(ip));
 	} else {
 		struct ipv6hdr *ip6h = data + l3;
@@ -653,12 +664,13 @@ refuse:
  * A global function, so the verifier checks it once. */
 __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p)
 {
-	struct tcp_opt_walk w = {};
+	struct tcp_opts no_opts = {};
+	const struct tcp_opts *opts;
 	struct syn_port_stats *st;
 	struct syn_config *cfg;
 	void *data, *data_end;
 	struct tcphdr *th;
-	__u32 key, l3, l4, optlen;
+	__u32 key, l3, l4;
 	long kernel_cookie = -1;
 
 	if (!ctx || !p)
@@ -681,16 +693,12 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	th = data + l4;
 	if ((void *)(th + 1) > data_end)
 		return SYN_CONTINUE; /* the parser saw it whole: cannot happen */
-	optlen = th->doff * 4;
-	if (optlen > sizeof(*th) && optlen - sizeof(*th) <= TCP_MAX_OPTLEN) {
-		optlen -= sizeof(*th);
-		if (bpf_xdp_load_bytes(ctx, l4 + sizeof(*th), w.buf, opt_copy_len(optlen)) == 0) {
-			w.len = optlen;
-			parse_tcp_options(&w);
-		}
-	}
-	if (syn_cookie_check(p, cfg, bpf_ktime_get_ns(), bpf_ntohl(th->ack_seq) - 1,
-			     bpf_ntohl(th->seq) - 1, &w.opts) >= 0)
+	/* Options that cannot be copied count as none, as before a walk. */
+	opts = xdp_tcp_options(ctx, p);
+	if (!opts)
+		opts = &no_opts;
+	if (syn_cookie_check(p, cfg, packet_now(p), bpf_ntohl(th->ack_seq) - 1,
+			     bpf_ntohl(th->seq) - 1, opts) >= 0)
 		return SYN_CONTINUE; /* tc accepts it */
 
 	/* The kernel may have issued this ACK's cookie itself: before a flood
@@ -746,7 +754,7 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 		st->syns++;
 		if (port->mode == SYN_MODE_NEVER)
 			return SYN_CONTINUE;
-		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg))
+		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg, packet_now(p)))
 			return SYN_CONTINUE;
 		return syn_answer(ctx, p);
 	}
@@ -771,7 +779,7 @@ static __always_inline int syn_parse_skb(struct __sk_buff *skb, struct packet *p
  * request socket carrying the options the cookie encodes. Never drops:
  * whatever is not a moat handshake goes on unchanged to the next tcx
  * program (SYN_TC_NEXT). */
-__attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *pkt);
+__attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *p);
 
 static __always_inline int syn_accept(struct __sk_buff *skb)
 {
@@ -790,14 +798,13 @@ static __always_inline int syn_accept(struct __sk_buff *skb)
 }
 
 /* Global, like syn_defend, so the parser's paths do not multiply it. */
-__attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *pkt)
+__attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *p)
 {
 	struct bpf_tcp_req_attrs attrs = {};
 	struct bpf_sock_tuple t = {};
 	struct tcp_opt_walk w = {};
 	struct syn_port_stats *st;
 	struct syn_config *cfg;
-	struct packet p;
 	struct syn_port *port;
 	struct tcp_sock *tsk;
 	struct bpf_sock *sk;
@@ -806,14 +813,13 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	int meta, wscale, err, ret = SYN_TC_NEXT;
 	__u64 now;
 
-	if (!skb || !pkt)
+	if (!skb || !p)
 		return SYN_TC_NEXT;
-	p = *pkt;
-	if (p.l4proto != IPPROTO_TCP || !p.has_l4)
+	if (p->l4proto != IPPROTO_TCP || !p->has_l4)
 		return SYN_TC_NEXT;
-	if ((p.tcp_flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) != TCPF_ACK)
+	if ((p->tcp_flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) != TCPF_ACK)
 		return SYN_TC_NEXT;
-	key = p.dport;
+	key = p->dport;
 	port = bpf_map_lookup_elem(&syn_ports, &key);
 	if (!port || (port->mode != SYN_MODE_ALWAYS && port->mode != SYN_MODE_AUTO))
 		return SYN_TC_NEXT;
@@ -822,20 +828,20 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 		return SYN_TC_NEXT;
 	/* In auto mode cookies exist only during and shortly after a flood;
 	 * outside that the ACK path costs nothing. */
-	now = bpf_ktime_get_ns();
+	now = bpf_ktime_get_boot_ns();
 	if (port->mode == SYN_MODE_AUTO && !port->flooding &&
 	    now - port->last_flood_ns >
 		    (cfg->cookie_lifetime_ns ? cfg->cookie_lifetime_ns : SYN_DEFAULT_LIFETIME_NS))
 		return SYN_TC_NEXT;
 
-	size = syn_tuple(&p, &t);
+	size = syn_tuple(p, &t);
 	sk = bpf_skc_lookup_tcp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return SYN_TC_NEXT;
 	if (sk->state != BPF_TCP_LISTEN)
 		goto release;
 
-	l4 = p.l4_off;
+	l4 = p->l4_off;
 	if (l4 > SYN_L4_MASK)
 		goto release;
 	l4 &= SYN_L4_MASK;
@@ -851,11 +857,11 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 		}
 	}
 	/* th stays valid: bpf_skb_load_bytes does not move packet data. */
-	meta = syn_cookie_check(&p, cfg, now, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1, &w.opts);
+	meta = syn_cookie_check(p, cfg, now, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1, &w.opts);
 	if (meta < 0)
 		goto release;
 
-	attrs.mss = syn_mss_value(meta >> SYN_COOKIE_MSS_SHIFT, p.family);
+	attrs.mss = syn_mss_value(meta >> SYN_COOKIE_MSS_SHIFT, p->family);
 	wscale = meta & SYN_COOKIE_WSCALE_MASK;
 	if (wscale != SYN_COOKIE_NO_WSCALE) {
 		attrs.wscale_ok = 1;
@@ -902,6 +908,7 @@ struct syn_exported_types {
 	enum syn_mode mode;
 	enum syn_cookie_bits bits;
 	struct syn_cookie_msg msg;
+	struct syn_cookie_msg_v4 msg_v4;
 };
 const struct syn_exported_types *unused_syn_exported_types __attribute__((unused));
 

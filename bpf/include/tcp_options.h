@@ -6,6 +6,7 @@
 
 #include <linux/types.h>
 #include <bpf/bpf_helpers.h>
+#include "parsing.h"
 #include "syn_structs.h"
 
 #define TCPOPT_EOL 0
@@ -20,18 +21,6 @@
 #define TCP_OPTBUF_SIZE 64
 #define TCP_OPTBUF_MASK (TCP_OPTBUF_SIZE - 1)
 #define TCP_MAX_OPTLEN 40
-
-struct tcp_opts {
-	__u32 tsval;
-	__u32 tsecr;
-	__u16 mss;
-	__u8 has_mss;
-	__u8 wscale;
-	__u8 has_wscale;
-	__u8 sack_ok;
-	__u8 has_ts;
-	__u8 pad;
-};
 
 struct tcp_opt_walk {
 	__u8 buf[TCP_OPTBUF_SIZE]; /* a copy of the options, zero beyond len */
@@ -99,13 +88,103 @@ static long tcp_opt_step(__u32 index, void *ctx)
 	return 0;
 }
 
+/* optlen (1..40) in a form whose range the verifier can see: the helpers
+ * that copy options refuse a size that might be zero or exceed the buffer,
+ * and the compiler otherwise checks a copy of the register it passes. */
+static __always_inline __u32 opt_copy_len(__u32 optlen)
+{
+	__u32 n = ((optlen - 1) & TCP_OPTBUF_MASK) + 1;
+
+	/* The empty asm makes n opaque to the compiler, so the register the
+	 * helper gets is the one the mask and add bounded, whatever the
+	 * register allocation. */
+	asm volatile("" : "+r"(n));
+	return n;
+}
+
+/* The two layouts most segments of a handshake carry, read without the
+ * walk. A layout matches only when every kind and length byte is as below,
+ * so the result is the walk's own.
+ *
+ * Linux's SYN: MSS, SACK-permitted, timestamps, NOP, window scale. */
+static __always_inline int tcp_opts_linux_syn(struct tcp_opt_walk *w)
+{
+	const __u8 *b = w->buf;
+	struct tcp_opts *o = &w->opts;
+
+	if (w->len != 20 || b[0] != TCPOPT_MSS || b[1] != 4 || b[4] != TCPOPT_SACK_PERM ||
+	    b[5] != 2 || b[6] != TCPOPT_TIMESTAMP || b[7] != 10 || b[16] != TCPOPT_NOP ||
+	    b[17] != TCPOPT_WINDOW || b[18] != 3)
+		return 0;
+	o->mss = (__u16)b[2] << 8 | b[3];
+	o->has_mss = 1;
+	o->sack_ok = 1;
+	o->tsval = opt_be32(b, 8);
+	o->tsecr = opt_be32(b, 12);
+	o->has_ts = 1;
+	o->wscale = b[19];
+	o->has_wscale = 1;
+	return 1;
+}
+
+/* Timestamps behind two NOPs: the third ACK of a handshake, and most
+ * segments after it, from any stack that agreed to timestamps. */
+static __always_inline int tcp_opts_nop_nop_ts(struct tcp_opt_walk *w)
+{
+	const __u8 *b = w->buf;
+	struct tcp_opts *o = &w->opts;
+
+	if (w->len != 12 || b[0] != TCPOPT_NOP || b[1] != TCPOPT_NOP || b[2] != TCPOPT_TIMESTAMP ||
+	    b[3] != 10)
+		return 0;
+	o->tsval = opt_be32(b, 4);
+	o->tsecr = opt_be32(b, 8);
+	o->has_ts = 1;
+	return 1;
+}
+
 /* Walks w->len bytes of options in w->buf, whatever their order. Every
  * option is at least one byte, so MAX_TCP_OPTIONS steps cover 40 bytes;
- * bpf_loop keeps the verifier's work to one pass over the step. */
+ * bpf_loop keeps the verifier's work to one pass over the step. The two
+ * common layouts above skip the walk. */
 static __always_inline void parse_tcp_options(struct tcp_opt_walk *w)
 {
+	if (tcp_opts_linux_syn(w) || tcp_opts_nop_nop_ts(w))
+		return;
 	w->pos = 0;
 	bpf_loop(MAX_TCP_OPTIONS, tcp_opt_step, w, 0);
+}
+
+/* The options of the packet's TCP header, copied out of the frame and
+ * walked on first use and kept in p, so that a SYN's options are read once
+ * however many stages need them (the attack shape, the cookie). NULL when
+ * they cannot be copied. */
+static __always_inline const struct tcp_opts *xdp_tcp_options(struct xdp_md *ctx, struct packet *p)
+{
+	struct tcp_opt_walk w = {};
+	__u32 optlen;
+	__u8 doff;
+
+	if (p->opts_state == TCP_OPTS_READ)
+		return &p->opts;
+	if (p->opts_state == TCP_OPTS_UNREADABLE)
+		return NULL;
+	p->opts_state = TCP_OPTS_UNREADABLE;
+	/* A copy of the offset byte spares the verifier a variable-offset
+	 * packet pointer; the parser saw the header whole. */
+	if (bpf_xdp_load_bytes(ctx, p->l4_off + 12, &doff, 1))
+		return NULL;
+	optlen = (doff >> 4) * 4;
+	if (optlen > sizeof(struct tcphdr)) {
+		optlen -= sizeof(struct tcphdr);
+		if (bpf_xdp_load_bytes(ctx, p->l4_off + sizeof(struct tcphdr), w.buf, opt_copy_len(optlen)))
+			return NULL;
+		w.len = optlen;
+		parse_tcp_options(&w);
+	}
+	p->opts = w.opts;
+	p->opts_state = TCP_OPTS_READ;
+	return &p->opts;
 }
 
 #endif /* MOAT_TCP_OPTIONS_H */

@@ -331,6 +331,17 @@ type MoatSynCookieMsg struct {
 	Family    uint32
 }
 
+type MoatSynCookieMsgV4 struct {
+	_         structs.HostLayout
+	Saddr     [4]uint8
+	Daddr     [4]uint8
+	Sport     uint16
+	Dport     uint16
+	ClientIsn uint32
+	Meta      uint32
+	Family    uint32
+}
+
 type MoatSynKey struct {
 	_  structs.HostLayout
 	K0 uint64
@@ -419,6 +430,7 @@ const (
 	MoatMapDenyV4Nets                 = "deny_v4_nets"
 	MoatMapDenyV6Hosts                = "deny_v6_hosts"
 	MoatMapDenyV6Nets                 = "deny_v6_nets"
+	MoatMapHhCountdown                = "hh_countdown"
 	MoatMapHhSources                  = "hh_sources"
 	MoatMapPortRuleDefs               = "port_rule_defs"
 	MoatMapPortRuleHits               = "port_rule_hits"
@@ -511,6 +523,7 @@ type MoatMapSpecs struct {
 	DenyV4Nets      *ebpf.MapSpec `ebpf:"deny_v4_nets"`
 	DenyV6Hosts     *ebpf.MapSpec `ebpf:"deny_v6_hosts"`
 	DenyV6Nets      *ebpf.MapSpec `ebpf:"deny_v6_nets"`
+	HhCountdown     *ebpf.MapSpec `ebpf:"hh_countdown"`
 	HhSources       *ebpf.MapSpec `ebpf:"hh_sources"`
 	PortRuleDefs    *ebpf.MapSpec `ebpf:"port_rule_defs"`
 	PortRuleHits    *ebpf.MapSpec `ebpf:"port_rule_hits"`
@@ -577,6 +590,7 @@ type MoatMaps struct {
 	DenyV4Nets      *ebpf.Map `ebpf:"deny_v4_nets"`
 	DenyV6Hosts     *ebpf.Map `ebpf:"deny_v6_hosts"`
 	DenyV6Nets      *ebpf.Map `ebpf:"deny_v6_nets"`
+	HhCountdown     *ebpf.Map `ebpf:"hh_countdown"`
 	HhSources       *ebpf.Map `ebpf:"hh_sources"`
 	PortRuleDefs    *ebpf.Map `ebpf:"port_rule_defs"`
 	PortRuleHits    *ebpf.Map `ebpf:"port_rule_hits"`
@@ -615,6 +629,7 @@ func (m *MoatMaps) Close() error {
 		m.DenyV4Nets,
 		m.DenyV6Hosts,
 		m.DenyV6Nets,
+		m.HhCountdown,
 		m.HhSources,
 		m.PortRuleDefs,
 		m.PortRuleHits,

@@ -122,7 +122,7 @@ func InstallKey(keys, rotation *ebpf.Map, gen uint64, k Key) error {
 	if err := keys.Update(slot, datapath.MoatSynKey{K0: k.K0, K1: k.K1}, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("install syn cookie key: %w", err)
 	}
-	st := datapath.MoatSynKeyState{Generation: gen, RotatedNs: monotonicNow()}
+	st := datapath.MoatSynKeyState{Generation: gen, RotatedNs: bootNow()}
 	if err := rotation.Update(uint32(0), st, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("publish key generation: %w", err)
 	}
@@ -235,7 +235,7 @@ func Keys(rotation, settings *ebpf.Map) (KeyStatus, error) {
 	if st.Generation == 0 {
 		return ks, nil
 	}
-	now := monotonicNow()
+	now := bootNow()
 	ks.Age = time.Duration(now - st.RotatedNs)
 	ks.AgeSeconds = ks.Age.Seconds()
 	ks.LastRotation = time.Now().Add(-ks.Age)
@@ -352,8 +352,8 @@ type PortStatus struct {
 // per-CPU counters.
 func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 	var out []PortStatus
-	bootOffset := monotonicEpoch()
-	now := monotonicNow()
+	bootOffset := bootEpoch()
+	now := bootNow()
 	var key uint32
 	var per []datapath.MoatSynPortStats
 	it := stats.Iterate()
@@ -396,16 +396,16 @@ func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 	return out, nil
 }
 
-// monotonicEpoch is the wall-clock time at which CLOCK_MONOTONIC (what
-// bpf_ktime_get_ns reads) was zero.
-func monotonicEpoch() time.Time {
-	return time.Now().Add(-time.Duration(monotonicNow()))
+// bootEpoch is the wall-clock time at which CLOCK_BOOTTIME (what
+// bpf_ktime_get_boot_ns reads) was zero.
+func bootEpoch() time.Time {
+	return time.Now().Add(-time.Duration(bootNow()))
 }
 
-// monotonicNow reads CLOCK_MONOTONIC, the data path's clock.
-func monotonicNow() uint64 {
+// bootNow reads CLOCK_BOOTTIME, the data path's clock.
+func bootNow() uint64 {
 	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 	return uint64(ts.Nano())
 }
 

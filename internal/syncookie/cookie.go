@@ -151,31 +151,34 @@ func Meta(mss uint16, hasMSS bool, wscale uint8, hasWScale, sack, ecn bool, gen 
 	return m
 }
 
-// message is the 48 bytes SipHash authenticates, laid out as in struct
-// syn_cookie_msg.
+// message is what SipHash authenticates, laid out as in struct
+// syn_cookie_msg_v4 (24 bytes) or struct syn_cookie_msg (48 bytes, IPv6).
 func message(t Tuple, clientISN uint32, meta uint32, ts bool) []byte {
-	msg := make([]byte, 48)
+	var msg []byte
 	c, s := t.Client.Addr(), t.Server.Addr()
 	family := uint32(6)
 	if c.Is4() {
 		family = 4
 		a, b := c.As4(), s.As4()
+		msg = make([]byte, 24)
 		copy(msg[0:], a[:])
-		copy(msg[16:], b[:])
+		copy(msg[4:], b[:])
 	} else {
 		a, b := c.As16(), s.As16()
+		msg = make([]byte, 48)
 		copy(msg[0:], a[:])
 		copy(msg[16:], b[:])
 	}
-	binary.BigEndian.PutUint16(msg[32:], t.Client.Port())
-	binary.BigEndian.PutUint16(msg[34:], t.Server.Port())
-	binary.BigEndian.PutUint32(msg[36:], clientISN)
+	tail := msg[len(msg)-16:]
+	binary.BigEndian.PutUint16(tail[0:], t.Client.Port())
+	binary.BigEndian.PutUint16(tail[2:], t.Server.Port())
+	binary.BigEndian.PutUint32(tail[4:], clientISN)
 	m := meta & metaMask
 	if ts {
 		m |= msgTS
 	}
-	binary.LittleEndian.PutUint32(msg[40:], m)
-	binary.LittleEndian.PutUint32(msg[44:], family)
+	binary.LittleEndian.PutUint32(tail[8:], m)
+	binary.LittleEndian.PutUint32(tail[12:], family)
 	return msg
 }
 
@@ -190,7 +193,7 @@ func Cookie(k Key, t Tuple, clientISN uint32, meta uint32) uint32 {
 }
 
 // CookieTS is the sequence number and TSval moat puts in its SYN-ACK for a
-// SYN with timestamps, sent when moat's millisecond clock (CLOCK_MONOTONIC)
+// SYN with timestamps, sent when moat's millisecond clock (CLOCK_BOOTTIME)
 // read nowMS: the clock plus a keyed per-connection offset, its low 8 bits
 // replaced by more hash bits that the ACK must echo in TSecr.
 func CookieTS(k Key, t Tuple, clientISN uint32, meta uint32, nowMS uint32) (cookie, tsval uint32) {

@@ -344,6 +344,15 @@ func TestSynAckBytes(t *testing.T) {
 		{"unknown option skipped", nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{
 			{OptionType: 30, OptionData: []byte{1, 2, 3, 4}}, testpkt.MSS(1440), testpkt.SACKPermitted()}},
 			synOpts{mss: 1440, hasMSS: true, sack: true}},
+		// Linux's 20-byte layout, read without the walk, except that the
+		// last option is not a window scale: the walk must read the rest.
+		{"linux layout with another last option", nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{
+			testpkt.MSS(1460), testpkt.SACKPermitted(), testpkt.Timestamps(777, 0), testpkt.TCPNOP(),
+			{OptionType: 30, OptionLength: 3, OptionData: []byte{7}}}},
+			synOpts{mss: 1460, hasMSS: true, sack: true, ts: true, tsval: 777}},
+		{"linux layout in another order", nil, client6, server6, testpkt.TCP{Options: []layers.TCPOption{
+			testpkt.MSS(1440), testpkt.Timestamps(9, 0), testpkt.SACKPermitted(), testpkt.TCPNOP(), testpkt.WindowScale(3)}},
+			synOpts{mss: 1440, hasMSS: true, wscale: 3, hasWScale: true, sack: true, ts: true, tsval: 9}},
 		// The kernel refuses ECN to an ECT-marked SYN (tcp_ecn_create_request).
 		{"ect(0) syn is not ecn", nil, client4, server4, testpkt.TCP{ECE: true, CWR: true, Options: linux}, linuxOpts},
 		{"ipv6 ect(1) syn is not ecn", nil, client6, server6, testpkt.TCP{ECE: true, CWR: true, Options: linux}, linuxOpts},
@@ -376,7 +385,7 @@ func TestSynAckBytes(t *testing.T) {
 					gotTS = tsvalOf(out, l4)
 					meta := Meta(c.want.mss, c.want.hasMSS, c.want.wscale, c.want.hasWScale, c.want.sack, c.want.ecn, 1, c.client.Is6())
 					var ts unix.Timespec
-					_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+					_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 					nowMS := uint32(ts.Nano() / 1e6)
 					if d := int32(nowMS - (gotTS - TSOffset(testKeys[0], tuple, clientISN, meta))); d < -256 || d > 2000 {
 						t.Errorf("TSval %d less the offset is not moat's millisecond clock (now %d)", gotTS, nowMS)
@@ -654,7 +663,7 @@ func TestUnwrittenKeySlotSignsNothing(t *testing.T) {
 					t.Fatal(err)
 				}
 				var ts unix.Timespec
-				_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+				_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 				if err := objs.SynRotation.Update(uint32(0), datapath.MoatSynKeyState{Generation: 1, RotatedNs: uint64(ts.Nano())}, ebpf.UpdateAny); err != nil {
 					t.Fatal(err)
 				}
@@ -680,7 +689,7 @@ func TestUnwrittenKeySlotSignsNothing(t *testing.T) {
 func TestStaleKeysFailOpen(t *testing.T) {
 	objs := setup(t)
 	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 	age := 3 * DefaultRotation // > StaleAfter(DefaultRotation)
 	if err := objs.SynRotation.Update(uint32(0), datapath.MoatSynKeyState{
 		Generation: 1, RotatedNs: uint64(ts.Nano()) - uint64(age)}, ebpf.UpdateAny); err != nil {
