@@ -84,6 +84,7 @@ struct packet {
 	__u16 l3_off;   /* offset of the IP header in the frame */
 	__u16 l4_off;   /* offset of the L4 header, when has_l4 */
 	__u8 tcp_flags; /* the flags byte of the TCP header */
+	__u8 tcp_optlen; /* bytes of TCP options (0-40) */
 	__u8 saddr[16]; /* IPv4 uses the first 4 bytes */
 	__u8 daddr[16];
 	__u8 opts_state; /* enum tcp_opts_state: what opts holds */
@@ -254,6 +255,7 @@ static __always_inline int parse_l4(struct cursor *c, struct packet *p, void *da
 		p->sport = bpf_ntohs(th->source);
 		p->dport = bpf_ntohs(th->dest);
 		p->tcp_flags = ((__u8 *)th)[13];
+		p->tcp_optlen = len - sizeof(*th);
 		break;
 	}
 	case IPPROTO_UDP: {

@@ -337,16 +337,9 @@ static __always_inline void shape_count(struct xdp_md *ctx, struct packet *p, __
 		ports->packets[idx & (SHAPE_PORT_BLOCK - 1)]++;
 
 	if (p->l4proto == IPPROTO_TCP) {
-		__u8 doff;
-		__u32 optlen;
+		__u32 optlen = p->tcp_optlen;
 
 		s->tcp_flags[p->tcp_flags]++;
-		/* The header is whole (parse_l4); a copy of its offset byte
-		 * spares the verifier a variable-offset packet pointer. */
-		if (bpf_xdp_load_bytes(ctx, p->l4_off + 12, &doff, 1))
-			return;
-		optlen = (doff >> 4) * 4;
-		optlen = optlen > sizeof(struct tcphdr) ? optlen - sizeof(struct tcphdr) : 0;
 		if (!rl_is_syn(p)) {
 			if (optlen)
 				s->tcp_options++;

@@ -155,6 +155,11 @@ static __always_inline void parse_tcp_options(struct tcp_opt_walk *w)
 	bpf_loop(MAX_TCP_OPTIONS, tcp_opt_step, w, 0);
 }
 
+/* The common option lengths (the layouts above) are copied straight out
+ * of the frame when the TCP header starts within this offset; others go
+ * through bpf_xdp_load_bytes, a helper call. */
+#define TCP_OPTS_DIRECT_OFF_MASK 0xff
+
 /* The options of the packet's TCP header, copied out of the frame and
  * walked on first use and kept in p, so that a SYN's options are read once
  * however many stages need them (the attack shape, the cookie). NULL when
@@ -162,22 +167,23 @@ static __always_inline void parse_tcp_options(struct tcp_opt_walk *w)
 static __always_inline const struct tcp_opts *xdp_tcp_options(struct xdp_md *ctx, struct packet *p)
 {
 	struct tcp_opt_walk w = {};
-	__u32 optlen;
-	__u8 doff;
+	__u32 optlen = p->tcp_optlen;
+	void *end = (void *)(long)ctx->data_end;
+	__u8 *src;
 
 	if (p->opts_state == TCP_OPTS_READ)
 		return &p->opts;
 	if (p->opts_state == TCP_OPTS_UNREADABLE)
 		return NULL;
 	p->opts_state = TCP_OPTS_UNREADABLE;
-	/* A copy of the offset byte spares the verifier a variable-offset
-	 * packet pointer; the parser saw the header whole. */
-	if (bpf_xdp_load_bytes(ctx, p->l4_off + 12, &doff, 1))
-		return NULL;
-	optlen = (doff >> 4) * 4;
-	if (optlen > sizeof(struct tcphdr)) {
-		optlen -= sizeof(struct tcphdr);
-		if (bpf_xdp_load_bytes(ctx, p->l4_off + sizeof(struct tcphdr), w.buf, opt_copy_len(optlen)))
+	if (optlen) {
+		src = (void *)(long)ctx->data + (p->l4_off & TCP_OPTS_DIRECT_OFF_MASK) +
+		      sizeof(struct tcphdr);
+		if (p->l4_off <= TCP_OPTS_DIRECT_OFF_MASK && optlen == 20 && (void *)(src + 20) <= end)
+			__builtin_memcpy(w.buf, src, 20);
+		else if (p->l4_off <= TCP_OPTS_DIRECT_OFF_MASK && optlen == 12 && (void *)(src + 12) <= end)
+			__builtin_memcpy(w.buf, src, 12);
+		else if (bpf_xdp_load_bytes(ctx, p->l4_off + sizeof(struct tcphdr), w.buf, opt_copy_len(optlen)))
 			return NULL;
 		w.len = optlen;
 		parse_tcp_options(&w);
