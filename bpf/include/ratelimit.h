@@ -363,9 +363,10 @@ static __always_inline void shape_count(struct xdp_md *ctx, struct packet *p, __
 }
 
 /* Whether this packet is its CPU's next heavy-hitter sample: one in
- * 2^log2 on average. The gap to the next sample is drawn at each sample,
- * uniform over [1, 2^(log2 + 1)], so the other packets cost a countdown,
- * not a random number (a helper call) each. */
+ * 2^log2 on average, as the control plane's scaling assumes. The gap to
+ * the next sample is drawn at each sample, uniform over
+ * [1, 2^(log2 + 1) - 1] (mean 2^log2), so the other packets cost a
+ * countdown, not a random number (a helper call) each. */
 static __always_inline int hh_sampled(__u32 log2)
 {
 	__u32 zero = 0, *left;
@@ -379,7 +380,7 @@ static __always_inline int hh_sampled(__u32 log2)
 		(*left)--;
 		return 0;
 	}
-	*left = (bpf_get_prandom_u32() & ((2U << log2) - 1)) + 1;
+	*left = bpf_get_prandom_u32() % ((2U << log2) - 1) + 1;
 	return 1;
 }
 

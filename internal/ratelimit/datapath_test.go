@@ -451,6 +451,25 @@ func TestLimits(t *testing.T) {
 		if hh, _ := f.rl.HeavyHitters(); len(hh) != 0 {
 			t.Errorf("heavy hitters off, still sampled: %+v", hh)
 		}
+
+		// One packet in 16, on average: the gaps between samples are
+		// uniform over 1..31, so 16,000 packets give 1,000 samples with
+		// a standard deviation of about 18; the control plane scales
+		// them by 16.
+		cfg := defaults
+		cfg.Sample = 16
+		f.reset(cfg)
+		f.send(syn4(src4, 443), 16000)
+		hh, err = f.rl.HeavyHitters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hh) == 1 {
+			t.Logf("1 in 16 of 16000 packets: %d estimated", hh[0].Packets)
+		}
+		if len(hh) != 1 || hh[0].Packets < 16*900 || hh[0].Packets > 16*1100 {
+			t.Errorf("sampling 1 in 16 of 16000 packets: %+v, want about 16000 (1000 samples)", hh)
+		}
 	})
 }
 
