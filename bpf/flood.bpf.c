@@ -5,7 +5,8 @@
  * new flow, patches the checksums and returns XDP_TX, which transmits the
  * frame out of the device named in the run's context.
  *
- * flood_count and flood_drop are receivers for tests and measurements. */
+ * flood_count, flood_drop and flood_reflect are receivers for tests and
+ * measurements. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -305,6 +306,10 @@ struct {
 
 /* Set from Go: pass counted frames on to the stack instead of dropping. */
 volatile const __u8 cfg_count_pass;
+/* Set from Go: IPv4 frames to this address (network order; 0: none) go on
+ * to the stack whatever cfg_count_pass says, so that a host's own traffic
+ * gets through a counter that drops what comes back to spoofed sources. */
+volatile const __u32 cfg_count_keep_v4;
 
 /* Counts what arrives, by kind, then drops it or passes it on. Its presence
  * also gives a receiving veth the NAPI context that frames sent with XDP_TX
@@ -332,6 +337,13 @@ int flood_count(struct xdp_md *ctx)
 	n = bpf_map_lookup_elem(&flood_counts, &slot);
 	if (n)
 		*n += 1;
+	if (cfg_count_keep_v4 && p.family == 4) {
+		__u32 daddr;
+
+		__builtin_memcpy(&daddr, p.daddr, sizeof(daddr));
+		if (daddr == cfg_count_keep_v4)
+			return XDP_PASS;
+	}
 	return cfg_count_pass ? XDP_PASS : XDP_DROP;
 }
 
@@ -340,4 +352,52 @@ SEC("xdp")
 int flood_drop(struct xdp_md *ctx)
 {
 	return XDP_DROP;
+}
+
+/* Sends every IPv4 TCP SYN back to where it came from as a SYN-ACK: MACs,
+ * addresses and ports swapped, SYN and ACK the only flags, the sequence
+ * number acknowledged. No lookup, no cookie, the options left as they came:
+ * the least work that answers a SYN from XDP, so its rate is the ceiling
+ * that the device's XDP_TX path sets for any SYN-cookie answerer. Swapping
+ * two fields leaves a one's complement sum as it was, so only the flags
+ * word and the acknowledgment number need a checksum update. Every other
+ * frame goes on to the stack. */
+SEC("xdp")
+int flood_reflect(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *iph = (void *)(eth + 1);
+	struct tcphdr *th = (void *)(iph + 1);
+	__u8 mac[ETH_ALEN];
+	__u32 addr, ack, acc = 0;
+	__u16 port, old_word, *word;
+
+	if ((void *)(th + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP) ||
+	    iph->ihl != 5 || iph->protocol != IPPROTO_TCP)
+		return XDP_PASS;
+	/* A plain SYN: SYN set, ACK clear (the 13th byte holds the flags). */
+	if ((((__u8 *)th)[13] & 0x12) != 0x02)
+		return XDP_PASS;
+
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+	addr = iph->saddr;
+	iph->saddr = iph->daddr;
+	iph->daddr = addr;
+	port = th->source;
+	th->source = th->dest;
+	th->dest = port;
+
+	word = (__u16 *)th + 6; /* data offset and flags */
+	old_word = *word;
+	((__u8 *)th)[13] = 0x12;
+	acc = csum_delta16(acc, old_word, *word);
+	ack = bpf_htonl(bpf_ntohl(th->seq) + 1);
+	acc = csum_delta32(acc, th->ack_seq, ack);
+	th->ack_seq = ack;
+	th->check = csum_apply(th->check, acc);
+	return XDP_TX;
 }

@@ -1,6 +1,8 @@
 // Command moat-bench runs moat side by side with the XDP_DROP floor,
-// xdp-filter, nftables and the kernel's own defences in a throw-away lab,
-// and writes bench/results.md, bench/results.json and plots (make bench).
+// xdp-filter, nftables, the kernel's own defences (its SYN cookies among
+// them) and an XDP SYN reflector (the ceiling of answering SYNs from XDP)
+// in a throw-away lab, and writes bench/results.md, bench/results.json and
+// plots (make bench).
 // It needs root, bpffs, nftables and xdp-tools (scripts/setup.sh with
 // MOAT_SETUP_BENCH=1 installs them).
 package main

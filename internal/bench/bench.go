@@ -48,12 +48,12 @@ type Config struct {
 
 	PathBenchtime string // -benchtime of the data path's Go benchmarks
 
-	Phases []string // subset of "drop", "syn", "legit", "pathcost"
+	Phases []string // subset of Phases
 	Log    io.Writer
 }
 
 // Phases in the order they run.
-var Phases = []string{"drop", "syn", "legit", "pathcost"}
+var Phases = []string{"drop", "syn", "synlegit", "legit", "pathcost"}
 
 // DefaultConfig is what make bench runs; quick is the smoke run.
 func DefaultConfig(quick bool) Config {
@@ -152,6 +152,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			b.res.Drop, perr = b.dropPath(ctx)
 		case "syn":
 			b.res.Syn, perr = b.synFlood(ctx)
+		case "synlegit":
+			b.res.SynLegit, perr = b.synLegit(ctx)
 		case "legit":
 			b.res.Legit, perr = b.legit(ctx)
 		case "pathcost":
@@ -186,11 +188,16 @@ func (b *Bench) setup(ctx context.Context) error {
 // startService runs a small HTTP server in the server's namespace: the
 // legitimate service of the comparisons, and the listener the SYN flood
 // needs. It listens on every address so both client and attacker reach it.
+// The listener is plain TCP: Go makes listeners MPTCP by default, and the
+// kernel refuses a handshake completed on moat's cookie for an MPTCP
+// listener.
 func (b *Bench) startService() error {
 	var ln net.Listener
 	err := b.lab.Server.Do(func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
 		var err error
-		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", servicePort))
+		ln, err = lc.Listen(context.Background(), "tcp", fmt.Sprintf(":%d", servicePort))
 		return err
 	})
 	if err != nil {

@@ -91,23 +91,13 @@ func (b *Bench) legit(ctx context.Context) (*LegitResult, error) {
 		return nil, err
 	}
 	defences := []receiver{kernelRx{}, nft, moat}
-	places := []placement{
-		{placeOwnLink, b.lab.Client, netip.AddrPortFrom(b.lab.Server.Ifaces[0].IPv4.Addr(), servicePort)},
-		{placeSharedLink, b.lab.Attacker, netip.AddrPortFrom(b.serverIf().IPv4.Addr(), servicePort)},
-	}
+	places := b.placements()
 	// The kernel's default: cookies once the SYN queue overflows.
 	if err := sysctl(b.lab.Server, "net.ipv4.tcp_syncookies", "1"); err != nil {
 		return nil, err
 	}
-	for _, h := range []*lab.Host{b.lab.Client, b.lab.Attacker} {
-		for _, s := range []struct{ name, value string }{
-			{"net.ipv4.ip_local_port_range", "1024 65535"},
-			{"net.ipv4.tcp_tw_reuse", "1"},
-		} {
-			if err := sysctl(h, s.name, s.value); err != nil {
-				return nil, err
-			}
-		}
+	if err := b.prepareClients(); err != nil {
+		return nil, err
 	}
 	// Replies to spoofed sources are dropped by the attacker's kernel (it
 	// does not forward) instead of answered with resets, as at addresses
@@ -122,10 +112,7 @@ func (b *Bench) legit(ctx context.Context) (*LegitResult, error) {
 	res := &LegitResult{
 		Flood: fmt.Sprintf("TCP SYN flood to the service (%s port %d) from %s (denied by nftables and moat), moat flood on one thread pinned to CPU 0, capped at a fraction of the generator's maximum (uncapped at 100%%)",
 			b.serverIf().IPv4.Addr(), servicePort, b.floodSources),
-		Client: fmt.Sprintf("%d requests per second for %s per point, offered at a fixed rate whatever the answers (open loop, up to %d in flight): TCP connect to the service, HTTP/1.0 GET, full reply; %s timeout per request; latency is the whole request. "+
-			"Placements: %q = clients in the client namespace over their own veth (%s); %q = clients in the attacker namespace at its own address %s, over the veth that carries the flood (%s)",
-			b.cfg.LegitRate, b.cfg.LegitWindow, b.cfg.LegitWorkers, legitTimeout,
-			placeOwnLink, places[0].target, placeSharedLink, b.attackerIf().IPv4.Addr(), places[1].target),
+		Client:     b.clientText(places),
 		Placements: []string{placeOwnLink, placeSharedLink},
 	}
 	if b.cfg.LegitThreadedNAPI {
@@ -200,6 +187,39 @@ func (b *Bench) legit(ctx context.Context) (*LegitResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// placements are the legitimate clients' places: their own link, and the
+// link that carries the flood.
+func (b *Bench) placements() []placement {
+	return []placement{
+		{placeOwnLink, b.lab.Client, netip.AddrPortFrom(b.lab.Server.Ifaces[0].IPv4.Addr(), servicePort)},
+		{placeSharedLink, b.lab.Attacker, netip.AddrPortFrom(b.serverIf().IPv4.Addr(), servicePort)},
+	}
+}
+
+// prepareClients lets the client hosts open connections at the offered
+// rate: the whole port range, and ports in TIME_WAIT reused.
+func (b *Bench) prepareClients() error {
+	for _, h := range []*lab.Host{b.lab.Client, b.lab.Attacker} {
+		for _, s := range []struct{ name, value string }{
+			{"net.ipv4.ip_local_port_range", "1024 65535"},
+			{"net.ipv4.tcp_tw_reuse", "1"},
+		} {
+			if err := sysctl(h, s.name, s.value); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// clientText describes the legitimate clients for the results.
+func (b *Bench) clientText(places []placement) string {
+	return fmt.Sprintf("%d requests per second for %s per point, offered at a fixed rate whatever the answers (open loop, up to %d in flight): TCP connect to the service, HTTP/1.0 GET, full reply; %s timeout per request; latency is the whole request. "+
+		"Placements: %q = clients in the client namespace over their own veth (%s); %q = clients in the attacker namespace at its own address %s, over the veth that carries the flood (%s)",
+		b.cfg.LegitRate, b.cfg.LegitWindow, b.cfg.LegitWorkers, legitTimeout,
+		placeOwnLink, places[0].target, placeSharedLink, b.attackerIf().IPv4.Addr(), places[1].target)
 }
 
 // unroutSpoofed removes the attacker's local routes for the spoofed ranges

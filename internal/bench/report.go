@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -21,6 +22,7 @@ type Results struct {
 	Setup     SetupTimes      `json:"setup"`
 	Drop      *DropResult     `json:"drop_path,omitempty"`
 	Syn       *SynResult      `json:"syn_flood,omitempty"`
+	SynLegit  *SynLegitResult `json:"legit_under_syn_flood,omitempty"`
 	Legit     *LegitResult    `json:"legit_under_attack,omitempty"`
 	PathCost  *PathCostResult `json:"path_cost,omitempty"`
 	Durations []PhaseTime     `json:"phase_durations"`
@@ -127,6 +129,21 @@ func mpps(v float64) string {
 	return fmt.Sprintf("%.3f", v/1e6)
 }
 
+// pct2 shows a share with the precision a 99.9% goal needs.
+func pct2(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f%%", 100*v)
+}
+
+func ratio(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
 func pct(v float64) string {
 	if math.IsNaN(v) {
 		return "n/a"
@@ -146,6 +163,21 @@ func ms(v float64) string {
 
 func spread(s Summary, f func(float64) string) string {
 	return fmt.Sprintf("%s (%s – %s)", f(s.Median), f(s.Min), f(s.Max))
+}
+
+// goals gathers every comparison's goals, in the order of the sections.
+func (r *Results) goals() []Goal {
+	var out []Goal
+	if r.Drop != nil {
+		out = append(out, r.Drop.Goals...)
+	}
+	if r.Syn != nil {
+		out = append(out, r.Syn.Goals...)
+	}
+	if r.SynLegit != nil {
+		out = append(out, r.SynLegit.Goals...)
+	}
+	return out
 }
 
 // Markdown renders the results for a reader who runs nothing.
@@ -169,7 +201,7 @@ func (r *Results) Markdown() string {
 	p("| load average (1, 5, 15 min) before / after | %s / %s |\n\n", m.LoadBefore, m.LoadAfter)
 	p("Everything runs in network namespaces on this one machine: an attacker, a client and a server joined by veth pairs (internal/lab). " +
 		"Frames are generated in the kernel by `moat flood` (BPF_PROG_TEST_RUN with live frames) on one thread pinned to CPU 0. " +
-		"On veth, the receiver of a frame runs on the sender's CPU, inside the generator's batches, so the generator's rate is the rate at which the receiver keeps up; " +
+		"On veth, the receiver of a frame runs on the sender's CPU, inside the generator's batches, so the generator's rate is the rate at which the receiver keeps up, unless a comparison says it gives the server a threaded NAPI thread on the other CPU; " +
 		"absolute numbers are for this machine only, the ratios are what carries over. " +
 		"Each comparison alternates its contenders within every repetition, so drift of the machine spreads over all of them. " +
 		"Figures are median (min – max) over the repetitions.\n\n")
@@ -177,9 +209,9 @@ func (r *Results) Markdown() string {
 		p("**The machine was busy with other work during this run** (load average above, on %d vCPUs): every contender ran with less CPU than it would alone and the spreads are wide. Compare contenders within this run, not with runs elsewhere.\n\n", m.VCPUs)
 	}
 
-	if r.Drop != nil && len(r.Drop.Goals) > 0 {
+	if goals := r.goals(); len(goals) > 0 {
 		p("## Goals\n\n| goal | measured | met |\n|---|---|---|\n")
-		for _, g := range r.Drop.Goals {
+		for _, g := range goals {
 			p("| %s | %s | %s |\n", g.Goal, g.Actual, yesNo(g.Met))
 		}
 		p("\n")
@@ -190,6 +222,9 @@ func (r *Results) Markdown() string {
 	if s := r.Syn; s != nil {
 		synMarkdown(&w, s)
 	}
+	if l := r.SynLegit; l != nil {
+		synLegitMarkdown(&w, l)
+	}
 	if l := r.Legit; l != nil {
 		legitMarkdown(&w, l)
 	}
@@ -198,7 +233,7 @@ func (r *Results) Markdown() string {
 	}
 
 	p("## Run\n\n")
-	p("Configuration: %d repetitions (drop path, SYN flood), %d frames per drop-path run, denylist of %d prefixes, flood sources %s, SYN floods of %s, %d legit rounds of %s per point.\n\n",
+	p("Configuration: %d repetitions (drop path, SYN flood), %d frames per drop-path run, denylist of %d prefixes, flood sources %s, SYN floods of %s, %d rounds of %s per point for the legitimate clients.\n\n",
 		r.Config.Rounds, r.Config.DropFrames, r.Config.DenySize, r.Config.FloodSources, r.Config.SynDuration, r.Config.LegitRounds, r.Config.LegitWindow)
 	if r.Setup != (SetupTimes{}) {
 		p("Loading the denylist: moat %s (batched map updates through internal/shield), nftables %s (`nft -f` of the interval sets), xdp-filter %s (one `xdp-filter ip` per address).\n\n",
@@ -248,27 +283,48 @@ func (r *Results) dropMarkdown(w *strings.Builder, d *DropResult) {
 
 func synMarkdown(w *strings.Builder, s *SynResult) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
-	p("## 2. SYN flood\n\n")
-	p("Flood: %s; %d repetitions, alternating. SYN-ACKs are counted where they arrive, by an XDP program on the attacker's interface (the spoofed range is routed there), and divided by the flood's duration.\n\n", s.Flood, s.Rounds)
-	p("| defence | SYN-ACKs sent per second (M) | SYNs sent per second (M) | SYNs answered | SYN-ACKs counted / the defence's own count |\n|---|---|---|---|---|\n")
-	for _, c := range s.Contenders {
-		var counted, own, sent uint64
-		name := ""
-		for _, r := range c.Runs {
-			counted += r.SynAcks
-			own += r.OwnCount
-			sent += r.SynsSent
-			name = r.OwnCounter
+	p("## 2. SYN flood: SYN-ACKs per second\n\n")
+	p("Flood: %s; %d repetitions, receive modes and contenders alternating. SYN-ACKs are counted where they arrive, by an XDP program on the attacker's interface (the spoofed range is routed there), and divided by the flood's duration; "+
+		"\"taken\" is what went into the server's veth ring, \"answered\" is SYN-ACKs counted per SYN taken. "+
+		"Ratios are per round (each contender against the kernel's, or the reflector's, run of the same round and mode), median (min – max).\n\n", s.Flood, s.Rounds)
+	for _, m := range s.Modes {
+		p("### %s\n\n%s.\n\n", capitalize(m.Name), capitalize(m.Receive))
+		if m.NAPI != "" {
+			p("NAPI thread: %s. The last columns say how the flood's time went on the server's CPU: the share the NAPI thread ran, the share the CPU was idle "+
+				"(the generator pauses between its calls, about every 200 ms, while the kernel tears down the call's page pool, and the server's ring runs dry), "+
+				"and the SYN-ACKs per second of the time the CPU was not idle: the server CPU's capacity.\n\n", m.NAPI)
 		}
-		p("| %s | %s | %s | %s | %d / %d (%s) |\n", c.Name, spread(c.SynAckPPS, mpps), spread(c.SynPPS, mpps),
-			pct(float64(counted)/float64(max(sent, 1))), counted, own, name)
+		head, cols := "", ""
+		if m.NAPI != "" {
+			head, cols = " NAPI thread ran / its CPU idle | SYN-ACKs per second the CPU was busy (M) |", "---|---|"
+		}
+		p("| contender | SYN-ACKs sent per second (M) | SYNs sent (M/s) | SYNs taken (M/s) | answered | SYN-ACKs counted / own count | x kernel | of the reflector |%s\n|---|---|---|---|---|---|---|---|%s\n", head, cols)
+		for _, c := range m.Contenders {
+			var counted, own, taken uint64
+			name := ""
+			for _, r := range c.Runs {
+				counted += r.SynAcks
+				own += r.OwnCount
+				taken += r.SynsTaken
+				name = r.OwnCounter
+			}
+			napi := ""
+			if m.NAPI != "" {
+				napi = fmt.Sprintf(" %s / %s | %s |", pct(c.NAPIRan.Median), pct(c.ServerCPUIdle.Median), spread(c.SynAckPerCPU, mpps))
+			}
+			p("| %s | %s | %s | %s | %s | %d / %d (%s) | %s | %s |%s\n", c.Name, spread(c.SynAckPPS, mpps), spread(c.SynPPS, mpps), spread(c.TakenPPS, mpps),
+				pct(float64(counted)/float64(max(taken, 1))), counted, own, name, spread(c.RatioToKernel, ratio), spread(c.RatioToReflector, pct), napi)
+		}
+		if s.MoatNote != "" {
+			p("| moat | pending | | | | | | |\n")
+		}
+		p("\n")
 	}
-	if s.MoatNote != "" {
-		p("| moat | pending | | | |\n")
-	}
-	p("\nWhat ran:\n\n")
-	for _, c := range s.Contenders {
-		p("- **%s**: %s.\n", c.Name, c.What)
+	p("What ran:\n\n")
+	if len(s.Modes) > 0 {
+		for _, c := range s.Modes[0].Contenders {
+			p("- **%s**: %s.\n", c.Name, c.What)
+		}
 	}
 	if s.MoatNote != "" {
 		p("- **moat SYN cookies: pending.** %s\n", s.MoatNote)
@@ -279,9 +335,77 @@ func synMarkdown(w *strings.Builder, s *SynResult) {
 	}
 }
 
+func synLegitMarkdown(w *strings.Builder, l *SynLegitResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("## 3. Legitimate connections under a SYN flood\n\n")
+	p("Flood: %s.\n\n", l.Flood)
+	p("Receiving: %s.\n\n", l.Receive)
+	p("Clients: %s.\n\n", l.Client)
+	for _, wt := range l.What {
+		p("- %s.\n", wt)
+	}
+	p("\nRounds: %d; in each, every contender gets an idle point and a flooded point per client placement, the contenders alternating. "+
+		"\"answered\" and the percentiles pool every request of every round (per-round medians in results.json); the p99 ratio is the flooded p99 over the same contender's idle p99 with the same clients; "+
+		"\"taken\" is the flood that went into the server's ring, \"SYN-ACKs\" what came back to the attacker per second, \"NAPI thread ran / its CPU idle\" the shares of the point's time the server's NAPI thread was on its CPU and that CPU had nothing to run (results.json also has the share the thread waited behind other tasks). "+
+		"Clients on the attacked link send their SYNs into the same 256-frame veth ring as the flood: whatever finds it full is dropped before any defence sees it, and a lost SYN is retransmitted only after the 1 s the request may take, "+
+		"so their figures measure how fast the server empties the ring, not how well a defence tells users from the flood.\n\n", l.Rounds)
+	p("| clients | defence | flood | offered (Mpps) | taken (Mpps) | SYN-ACKs (Mpps) | NAPI thread ran / its CPU idle | answered | p50 (ms) | p99 (ms) | p99 / idle p99 |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, pt := range l.Points {
+		fl, off, tk, sa, r := "none", "", "", "", ""
+		if pt.Flood {
+			fl = "full"
+			off, tk, sa = spread(pt.FloodPPS, mpps), spread(pt.Taken, mpps), spread(pt.SynAckPPS, mpps)
+			r = ratio(float64(pt.P99Ratio))
+		}
+		p("| %s | %s | %s | %s | %s | %s | %s / %s | %s (%d/%d) | %s | %s | %s |\n", pt.Placement, pt.Defence, fl, off, tk, sa, pct(pt.NAPIRan.Median), pct(pt.ServerCPUIdle.Median),
+			pct2(float64(pt.Success)), pt.OK, pt.Attempts, ms(float64(pt.P50ms)), ms(float64(pt.P99ms)), r)
+	}
+	p("\nThe defences' own counters, summed over the rounds:\n\n| clients | defence | flood | counters |\n|---|---|---|---|\n")
+	for _, pt := range l.Points {
+		p("| %s | %s | %s | %s |\n", pt.Placement, pt.Defence, floodWord(pt.Flood), countersText(pt.Counters))
+	}
+	p("\n")
+	if len(l.Checks) > 0 {
+		p("Checks, from those counters:\n\n| check | counted | holds |\n|---|---|---|\n")
+		for _, c := range l.Checks {
+			p("| %s | %s | %s |\n", c.Goal, c.Actual, yesNo(c.Met))
+		}
+		p("\n")
+	}
+	for _, n := range l.Notes {
+		p("**Note:** %s.\n\n", n)
+	}
+}
+
+// countersText lists the non-zero counters by name.
+func countersText(c map[string]uint64) string {
+	keys := make([]string, 0, len(c))
+	for k, v := range c {
+		if v != 0 {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return "all zero"
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, c[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
 func legitMarkdown(w *strings.Builder, l *LegitResult) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
-	p("## 3. Legitimate service under attack\n\n")
+	p("## 4. Legitimate service under a denied flood\n\n")
 	p("Flood: %s. Generator maximum: %s Mpps (the same SYN flood, uncapped, into the XDP_DROP floor; median of 3).\n\n", l.Flood, spread(l.GeneratorMax, mpps))
 	p("Receiving: %s.\n\n", l.Receive)
 	p("Clients: %s.\n\n", l.Client)
@@ -312,7 +436,7 @@ func legitMarkdown(w *strings.Builder, l *LegitResult) {
 
 func pathCostMarkdown(w *strings.Builder, pc *PathCostResult) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
-	p("## 4. Per-path cost\n\n`%s` (internal/datapath's BenchmarkVerdictPaths: BPF_PROG_TEST_RUN of moat_filter over one TCP SYN frame per path, a million runs per iteration; ns/op is nanoseconds per packet).\n\n", pc.Command)
+	p("## 5. Per-path cost\n\n`%s` (internal/datapath's BenchmarkVerdictPaths: BPF_PROG_TEST_RUN of moat_filter over one TCP SYN frame per path, a million runs per iteration; ns/op is nanoseconds per packet).\n\n", pc.Command)
 	if pc.Note != "" {
 		p("%s.\n\n", pc.Note)
 	}

@@ -62,6 +62,11 @@ type Config struct {
 	Threads  int  // sending threads, each on its own OS thread; default 1
 	PinCPUs  bool // pin thread i to CPU i (modulo the CPUs Run may use)
 	Force    bool // send even where CheckTarget refuses
+	// Background runs the sending threads at SCHED_IDLE: they send as fast
+	// as they can with the CPU time no other task wants, as attackers on
+	// other machines would, rather than take a share from the processes
+	// of a lab on the same machine.
+	Background bool
 }
 
 // Result is what a flood did. Sent counts the frames the generator handed
@@ -251,6 +256,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			seqBase: uint64(i),
 			seqStep: uint64(threads),
 			cpu:     -1,
+
+			background: cfg.Background,
 		}
 		if cpus != nil {
 			w.cpu = cpus[i%len(cpus)]
@@ -418,6 +425,7 @@ type worker struct {
 	rate             float64
 	seqBase, seqStep uint64
 	cpu              int // -1: not pinned
+	background       bool
 }
 
 // gate holds sending threads until all are ready.
@@ -449,6 +457,11 @@ func (w *worker) run(ctx context.Context, g *gate) (uint64, error) {
 		set.Set(w.cpu)
 		if err := unix.SchedSetaffinity(0, &set); err != nil {
 			return 0, fmt.Errorf("thread %d: pin to CPU %d: %w", w.index, w.cpu, err)
+		}
+	}
+	if w.background {
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_IDLE}, 0); err != nil {
+			return 0, fmt.Errorf("thread %d: SCHED_IDLE: %w", w.index, err)
 		}
 	}
 

@@ -44,7 +44,9 @@ const (
 	FloodProgFloodCount              = "flood_count"
 	FloodProgFloodDrop               = "flood_drop"
 	FloodProgFloodGen                = "flood_gen"
+	FloodProgFloodReflect            = "flood_reflect"
 	FloodVarBudget                   = "budget"
+	FloodVarCfgCountKeepV4           = "cfg_count_keep_v4"
 	FloodVarCfgCountPass             = "cfg_count_pass"
 	FloodVarCfgFamily                = "cfg_family"
 	FloodVarCfgHeaders               = "cfg_headers"
@@ -105,9 +107,10 @@ type FloodSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloodProgramSpecs struct {
-	FloodCount *ebpf.ProgramSpec `ebpf:"flood_count"`
-	FloodDrop  *ebpf.ProgramSpec `ebpf:"flood_drop"`
-	FloodGen   *ebpf.ProgramSpec `ebpf:"flood_gen"`
+	FloodCount   *ebpf.ProgramSpec `ebpf:"flood_count"`
+	FloodDrop    *ebpf.ProgramSpec `ebpf:"flood_drop"`
+	FloodGen     *ebpf.ProgramSpec `ebpf:"flood_gen"`
+	FloodReflect *ebpf.ProgramSpec `ebpf:"flood_reflect"`
 }
 
 // FloodMapSpecs contains maps before they are loaded into the kernel.
@@ -122,6 +125,7 @@ type FloodMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloodVariableSpecs struct {
 	Budget                   *ebpf.VariableSpec `ebpf:"budget"`
+	CfgCountKeepV4           *ebpf.VariableSpec `ebpf:"cfg_count_keep_v4"`
 	CfgCountPass             *ebpf.VariableSpec `ebpf:"cfg_count_pass"`
 	CfgFamily                *ebpf.VariableSpec `ebpf:"cfg_family"`
 	CfgHeaders               *ebpf.VariableSpec `ebpf:"cfg_headers"`
@@ -174,6 +178,7 @@ func (m *FloodMaps) Close() error {
 // It can be passed to LoadFloodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloodVariables struct {
 	Budget                   *ebpf.Variable `ebpf:"budget"`
+	CfgCountKeepV4           *ebpf.Variable `ebpf:"cfg_count_keep_v4"`
 	CfgCountPass             *ebpf.Variable `ebpf:"cfg_count_pass"`
 	CfgFamily                *ebpf.Variable `ebpf:"cfg_family"`
 	CfgHeaders               *ebpf.Variable `ebpf:"cfg_headers"`
@@ -196,9 +201,10 @@ type FloodVariables struct {
 //
 // It can be passed to LoadFloodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloodPrograms struct {
-	FloodCount *ebpf.Program `ebpf:"flood_count"`
-	FloodDrop  *ebpf.Program `ebpf:"flood_drop"`
-	FloodGen   *ebpf.Program `ebpf:"flood_gen"`
+	FloodCount   *ebpf.Program `ebpf:"flood_count"`
+	FloodDrop    *ebpf.Program `ebpf:"flood_drop"`
+	FloodGen     *ebpf.Program `ebpf:"flood_gen"`
+	FloodReflect *ebpf.Program `ebpf:"flood_reflect"`
 }
 
 func (p *FloodPrograms) Close() error {
@@ -206,6 +212,7 @@ func (p *FloodPrograms) Close() error {
 		p.FloodCount,
 		p.FloodDrop,
 		p.FloodGen,
+		p.FloodReflect,
 	)
 }
 
