@@ -32,7 +32,7 @@ func newFloodCmd() *cobra.Command {
 		size, threads                                      int
 		count, rate                                        uint64
 		duration                                           time.Duration
-		sequential, pin, force, asJSON                     bool
+		sequential, pin, background, force, asJSON         bool
 	)
 	kinds := make([]string, len(flood.Kinds))
 	for i, k := range flood.Kinds {
@@ -50,7 +50,7 @@ func newFloodCmd() *cobra.Command {
 				Kind: flood.Kind(kind), DstPort: dstPort, Sequential: sequential,
 				PayloadSize: size, ServerName: sni, VLAN: vlan,
 				Count: count, Duration: duration, Rate: rate, Threads: threads,
-				PinCPUs: pin, Force: force,
+				PinCPUs: pin, Background: background, Force: force,
 			}
 			if iface == "" {
 				return usagef("flood: --iface is required")
@@ -116,6 +116,7 @@ func newFloodCmd() *cobra.Command {
 	f.Uint64Var(&rate, "rate", 0, "cap in packets per second, over all threads (0: no cap)")
 	f.IntVar(&threads, "threads", 1, "sending threads")
 	f.BoolVar(&pin, "pin", false, "pin sending thread i to CPU i")
+	f.BoolVar(&background, "background", false, "run the sending threads at SCHED_IDLE: full speed on CPU time nothing else in the lab wants, as remote attackers")
 	f.BoolVar(&force, "force", false, "send even out of a non-veth or from the initial namespace")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd
