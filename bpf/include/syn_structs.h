@@ -135,15 +135,20 @@ struct syn_config {
 	__u64 rotation_period_ns;
 };
 
-/* The message SipHash authenticates for IPv6, 48 bytes (6 words). */
-struct syn_cookie_msg {
-	__u8 saddr[16]; /* the client's address */
-	__u8 daddr[16]; /* ours */
+/* What a cookie's message holds after the addresses, in both families. */
+struct syn_cookie_msg_tail {
 	__be16 sport;   /* the client's port, network order */
 	__be16 dport;
 	__be32 client_isn; /* network order */
 	__u32 meta;     /* the cookie's low 10 bits, | SYN_COOKIE_MSG_TS */
-	__u32 family;   /* 6 */
+	__u32 family;   /* 4 or 6 */
+};
+
+/* The message SipHash authenticates for IPv6, 48 bytes (6 words). */
+struct syn_cookie_msg {
+	__u8 saddr[16]; /* the client's address */
+	__u8 daddr[16]; /* ours */
+	struct syn_cookie_msg_tail tail;
 };
 
 /* The same for IPv4, 24 bytes (3 words). SipHash puts the length in its
@@ -152,11 +157,7 @@ struct syn_cookie_msg {
 struct syn_cookie_msg_v4 {
 	__u8 saddr[4];
 	__u8 daddr[4];
-	__be16 sport;
-	__be16 dport;
-	__be32 client_isn;
-	__u32 meta;
-	__u32 family; /* 4 */
+	struct syn_cookie_msg_tail tail;
 };
 
 #endif /* MOAT_SYN_STRUCTS_H */

@@ -135,6 +135,16 @@ static __always_inline __u32 syn_tuple(const struct packet *p, struct bpf_sock_t
 	return sizeof(t->ipv6);
 }
 
+static __always_inline void syn_msg_tail(struct syn_cookie_msg_tail *t, const struct packet *p,
+					 __be32 client_isn, __u32 meta)
+{
+	t->sport = bpf_htons(p->sport);
+	t->dport = bpf_htons(p->dport);
+	t->client_isn = client_isn;
+	t->meta = meta & (SYN_COOKIE_META_MASK | SYN_COOKIE_MSG_TS);
+	t->family = p->family;
+}
+
 /* SipHash of a cookie's message; meta may carry SYN_COOKIE_MSG_TS. An
  * IPv4 message is half as long as an IPv6 one, and so half the hashing. */
 static __always_inline __u64 syn_hash(const struct syn_key *k, const struct packet *p,
@@ -149,24 +159,15 @@ static __always_inline __u64 syn_hash(const struct syn_key *k, const struct pack
 	} u = {};
 	__u32 nwords;
 
-	meta &= SYN_COOKIE_META_MASK | SYN_COOKIE_MSG_TS;
 	if (p->family == 4) {
 		__builtin_memcpy(u.v4.saddr, p->saddr, 4);
 		__builtin_memcpy(u.v4.daddr, p->daddr, 4);
-		u.v4.sport = bpf_htons(p->sport);
-		u.v4.dport = bpf_htons(p->dport);
-		u.v4.client_isn = client_isn;
-		u.v4.meta = meta;
-		u.v4.family = 4;
+		syn_msg_tail(&u.v4.tail, p, client_isn, meta);
 		nwords = sizeof(u.v4) / 8;
 	} else {
 		__builtin_memcpy(u.msg.saddr, p->saddr, 16);
 		__builtin_memcpy(u.msg.daddr, p->daddr, 16);
-		u.msg.sport = bpf_htons(p->sport);
-		u.msg.dport = bpf_htons(p->dport);
-		u.msg.client_isn = client_isn;
-		u.msg.meta = meta;
-		u.msg.family = 6;
+		syn_msg_tail(&u.msg.tail, p, client_isn, meta);
 		nwords = sizeof(u.msg) / 8;
 	}
 	return siphash24_words(k->k0, k->k1, u.words, nwords, sizeof(u.words) / 8);

@@ -321,25 +321,31 @@ const (
 )
 
 type MoatSynCookieMsg struct {
-	_         structs.HostLayout
-	Saddr     [16]uint8
-	Daddr     [16]uint8
-	Sport     uint16
-	Dport     uint16
-	ClientIsn uint32
-	Meta      uint32
-	Family    uint32
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Tail  struct {
+		_         structs.HostLayout
+		Sport     uint16
+		Dport     uint16
+		ClientIsn uint32
+		Meta      uint32
+		Family    uint32
+	}
 }
 
 type MoatSynCookieMsgV4 struct {
-	_         structs.HostLayout
-	Saddr     [4]uint8
-	Daddr     [4]uint8
-	Sport     uint16
-	Dport     uint16
-	ClientIsn uint32
-	Meta      uint32
-	Family    uint32
+	_     structs.HostLayout
+	Saddr [4]uint8
+	Daddr [4]uint8
+	Tail  struct {
+		_         structs.HostLayout
+		Sport     uint16
+		Dport     uint16
+		ClientIsn uint32
+		Meta      uint32
+		Family    uint32
+	}
 }
 
 type MoatSynKey struct {
