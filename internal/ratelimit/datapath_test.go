@@ -471,6 +471,30 @@ func TestLimits(t *testing.T) {
 			t.Errorf("sampling 1 in 16 of 16000 packets: %+v, want about 16000 (1000 samples)", hh)
 		}
 	})
+
+	// A SYN's options are copied straight from the frame when the TCP
+	// header starts in the first 256 bytes; behind a long IPv6 extension
+	// header the copy goes through bpf_xdp_load_bytes. Both give the walk's
+	// answer.
+	t.Run("SYN options near and far from the frame's start", func(t *testing.T) {
+		f.reset(defaults)
+		src6 := netip.MustParseAddr("2001:db8:9::1")
+		linux := []testpkt.TCPOption{testpkt.MSS(1440), testpkt.SACKPermitted(), testpkt.Timestamps(1, 0), testpkt.TCPNOP(), testpkt.WindowScale(7)}
+		syn := testpkt.TCP{SYN: true, SrcPort: 40000, DstPort: 443, Options: linux}
+		near := testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6}, L4: syn}.Bytes()
+		far := testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, Ext: []testpkt.IPv6Ext{
+			testpkt.DestOpts{Options: []testpkt.IPv6TLV{{Type: 0x1e, Data: make([]byte, 240)}}}}}, L4: syn}.Bytes()
+		if off := len(far) - 40; off <= 0xff {
+			t.Fatalf("the TCP header starts at %d, want beyond 255", off)
+		}
+		f.send(near, 7)
+		f.send(far, 5)
+		sh, err := f.rl.Shape(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantCount(t, "SYN options", sh.SYNOptions, "mss,wscale,sack,ts", 12)
+	})
 }
 
 func wantCount(t *testing.T, what string, cs []ratelimit.Count, name string, n uint64) {

@@ -112,6 +112,38 @@ func verdicts(t *testing.T, prog *ebpf.Program, frames [][]byte) ([]uint32, [][]
 	return rets, outs
 }
 
+// verdictCase is one frame and the verdict the filter must give it.
+type verdictCase struct {
+	name  string
+	frame []byte
+	want  uint32 // 1 XDP_DROP, 2 XDP_PASS
+}
+
+// checkVerdicts runs every case beside a listener, one subtest each, and
+// returns how many must be dropped. A passed frame must be left as it was.
+func checkVerdicts(t *testing.T, prog *ebpf.Program, cases []verdictCase) (drops uint64) {
+	t.Helper()
+	frames := make([][]byte, len(cases))
+	for i, c := range cases {
+		frames[i] = c.frame
+		if c.want == 1 {
+			drops++
+		}
+	}
+	rets, outs := verdicts(t, prog, frames)
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if rets[i] != c.want {
+				t.Fatalf("verdict %d, want %d", rets[i], c.want)
+			}
+			if rets[i] == 2 && !bytes.Equal(outs[i], c.frame) {
+				t.Fatal("a passed frame was modified")
+			}
+		})
+	}
+	return drops
+}
+
 // withListener is inScratchNetns with a listener on protectedPort.
 func withListener(t testing.TB, fn func()) {
 	t.Helper()
@@ -441,11 +473,7 @@ func TestSynsThatGetNoCookie(t *testing.T) {
 	v6 := func(src, dst string) []byte {
 		return testpkt.Frame{Net: testpkt.IPv6{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst)}, L4: syn}.Bytes()
 	}
-	cases := []struct {
-		name  string
-		frame []byte
-		want  uint32 // 1 XDP_DROP, 2 XDP_PASS
-	}{
+	cases := []verdictCase{
 		{"syn+fin", synFrame(nil, client4, server4, testpkt.TCP{FIN: true, Options: opts}), 1},
 		{"syn+rst", synFrame(nil, client4, server4, testpkt.TCP{RST: true, Options: opts}), 1},
 		{"syn with data", synFrame(nil, client4, server4, testpkt.TCP{Options: opts, Payload: []byte("GET /")}), 1},
@@ -480,25 +508,7 @@ func TestSynsThatGetNoCookie(t *testing.T) {
 		// The tc acceptor would see the inner tag still in the frame.
 		{"ipv6 qinq", synFrame(testpkt.QinQ(10, 20), client6, server6, testpkt.TCP{Options: opts}), 2},
 	}
-	var drops uint64
-	var frames [][]byte
-	for _, c := range cases {
-		frames = append(frames, c.frame)
-		if c.want == 1 {
-			drops++
-		}
-	}
-	rets, outs := verdicts(t, objs.MoatFilter, frames)
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if rets[i] != c.want {
-				t.Fatalf("verdict %d, want %d", rets[i], c.want)
-			}
-			if rets[i] == 2 && !bytes.Equal(outs[i], c.frame) {
-				t.Fatal("a passed frame was modified")
-			}
-		})
-	}
+	drops := checkVerdicts(t, objs.MoatFilter, cases)
 	st := portStatus(t, objs, protectedPort)
 	if st.CookiesIssued != 0 || st.SYNsDropped != drops {
 		t.Errorf("status %+v: want no cookie issued and %d SYNs dropped", st, drops)
@@ -574,11 +584,7 @@ func TestAckValidation(t *testing.T) {
 		routerAlerts = append(routerAlerts, testpkt.RouterAlert())
 	}
 
-	cases := []struct {
-		name  string
-		frame []byte
-		want  uint32
-	}{
+	cases := []verdictCase{
 		{"valid cookie ipv4", ack(cur4, ts4), 2},
 		{"valid cookie ipv6", ackFrameOpts(client6, server6, protectedPort, clientISN+1, cur6+1, false, tsOpts(ts6)), 2},
 		{"valid cookie without timestamps", noTS(plain4), 2},
@@ -604,22 +610,7 @@ func TestAckValidation(t *testing.T) {
 		// this device, DNAT, a routed flow), so not moat's to drop.
 		{"no listener", ackFrame(client4, server4, noListenerPort, 99, 12345, false), 2},
 	}
-	var drops uint64
-	var frames [][]byte
-	for _, c := range cases {
-		frames = append(frames, c.frame)
-		if c.want == 1 {
-			drops++
-		}
-	}
-	rets, _ := verdicts(t, objs.MoatFilter, frames)
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if rets[i] != c.want {
-				t.Fatalf("verdict %d, want %d", rets[i], c.want)
-			}
-		})
-	}
+	drops := checkVerdicts(t, objs.MoatFilter, cases)
 	withListener(t, func() {
 		// After one more rotation the generation-1 cookie is two old.
 		if err := InstallKey(objs.SynKeys, objs.SynRotation, 3, testKeys[2]); err != nil {
