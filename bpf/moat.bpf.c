@@ -27,6 +27,9 @@ struct exported_types {
 	enum fragment_policy fragments;
 	enum malformed_policy malformed;
 	enum allow_in_use allow_in_use;
+	enum deny_summary_geometry summary_geometry;
+	enum deny_summary_family summary_family;
+	struct summary_or_args summary_or_args;
 };
 const struct exported_types *unused_exported_types __attribute__((unused));
 
@@ -114,6 +117,28 @@ int moat_filter(struct xdp_md *ctx)
 	if (prule)
 		return verdict(ctx, REASON_PORT_ALLOW, XDP_PASS);
 	return verdict(ctx, REASON_PASS, XDP_PASS);
+}
+
+/* Run by the control plane (BPF_PROG_TEST_RUN) to set deny summary bits:
+ * an atomic OR, so that it never undoes a bit the data path set meanwhile,
+ * which writing the block from user space could. */
+SEC("syscall")
+int deny_summary_or(struct summary_or_args *args)
+{
+	__u32 blk = args->block;
+	struct summary_block *b = bpf_map_lookup_elem(&deny_summary, &blk);
+	int i;
+
+	if (!b)
+		return -1;
+#pragma unroll
+	for (i = 0; i < SUMMARY_BLOCK_WORDS; i++) {
+		__u64 v = args->w[i];
+
+		if (v)
+			__sync_fetch_and_or(&b->w[i], v);
+	}
+	return 0;
 }
 
 /* tc ingress half of the SYN defence: accepts moat cookie handshakes. */

@@ -89,6 +89,36 @@ enum allow_in_use {
 	ALLOW_IN_USE_V6 = 2,
 };
 
+/* The deny summary (maps deny_summary and deny_summary_state): one bit per
+ * IPv4 /24 and one per hashed IPv6 /32, set while a denylist entry may cover
+ * an address there. A source whose bit is clear is in no entry, so its two
+ * deny lookups are skipped: on a large list they are a hash bucket and a
+ * trie walk, each a cache miss for a source not seen before, where the
+ * bits a flood's sources fall on stay in cache. The map is an array of
+ * 64-word blocks: block 0 holds flags, then the IPv4 bits (bit n is /24
+ * number n), then the IPv6 ones (bit n is every /32 whose hash is n). */
+enum deny_summary_geometry {
+	SUMMARY_BLOCK_WORDS = 64,
+	SUMMARY_BLOCK_SHIFT = 12, /* 4096 bits per block */
+	SUMMARY_V4_FIRST = 1,
+	SUMMARY_V4_BLOCKS = 4096, /* 2^24 /24s */
+	SUMMARY_V6_FIRST = 4097,
+	SUMMARY_V6_BLOCKS = 1024, /* 2^22 hashes of /32s */
+	SUMMARY_V6_HASH_BITS = 22,
+	SUMMARY_V6_HASH_MUL = 0x61c88647, /* odd; the hash is the product's top bits */
+	SUMMARY_BLOCKS = 5121,
+};
+
+/* Families in the summary's state (deny_summary_state.ready: the family's
+ * bits are complete and the data path may trust them) and in its flags
+ * (block 0 word 0: the data path blocked an IPv6 prefix shorter than /32,
+ * which no single bit covers, so IPv6 sources are looked up until the
+ * control plane rebuilds the summary). */
+enum deny_summary_family {
+	SUMMARY_V4 = 1,
+	SUMMARY_V6 = 2,
+};
+
 /* What to do with a malformed packet. */
 enum malformed_policy {
 	MALFORMED_DROP = 0,

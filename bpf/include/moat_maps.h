@@ -49,6 +49,21 @@ HOST_MAP(deny_v6_hosts, struct host_v6, MAX_DENY_HOSTS);
 NET_MAP(deny_v4_nets, struct net_v4, MAX_DENY_NETS);
 NET_MAP(deny_v6_nets, struct net_v6, MAX_DENY_NETS);
 
+/* The deny summary (enum deny_summary_geometry): 2.6 MB, allocated whole. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SUMMARY_BLOCKS);
+	__type(key, __u32);
+	__type(value, struct summary_block);
+} deny_summary SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct summary_state);
+} deny_summary_state SEC(".maps");
+
 /* Comments of allow and deny entries; only entries with a comment have one. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -76,6 +76,28 @@ struct verdict_counter {
 	__u64 bytes;
 };
 
+/* A block of the deny summary (see enum deny_summary_geometry). Bits are
+ * set with atomic ORs, by the control plane (through deny_summary_or)
+ * before it adds entries and by the data path before it adds an
+ * auto-block; only a rebuild clears them. */
+struct summary_block {
+	__u64 w[SUMMARY_BLOCK_WORDS];
+};
+
+/* Written by the control plane only. */
+struct summary_state {
+	__u32 ready;   /* enum deny_summary_family: families whose bits hold */
+	__u32 built;   /* non-zero once the control plane built the summary */
+	__u64 removed; /* entries removed since: bits that may be stale */
+};
+
+/* Argument of deny_summary_or: ORs w into block number block. */
+struct summary_or_args {
+	__u32 block;
+	__u32 pad;
+	__u64 w[SUMMARY_BLOCK_WORDS];
+};
+
 /* Settings that may change while the program runs. */
 struct runtime_settings {
 	__u32 fragments; /* enum fragment_policy */

@@ -56,8 +56,63 @@ static __always_inline struct prefix_rule *match_allow(const struct packet *p, _
 		match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, 0) : NULL;
 }
 
+/* The summary word and bit of an address (enum deny_summary_geometry). */
+static __always_inline __u64 *summary_word(int family, const __u8 *addr, __u64 *mask)
+{
+	struct summary_block *b;
+	__u32 n, blk;
+
+	if (family == 4) {
+		n = (__u32)addr[0] << 16 | (__u32)addr[1] << 8 | addr[2];
+		blk = SUMMARY_V4_FIRST + (n >> SUMMARY_BLOCK_SHIFT);
+	} else {
+		n = (__u32)addr[0] << 24 | (__u32)addr[1] << 16 | (__u32)addr[2] << 8 | addr[3];
+		n = (n * (__u32)SUMMARY_V6_HASH_MUL) >> (32 - SUMMARY_V6_HASH_BITS);
+		blk = SUMMARY_V6_FIRST + (n >> SUMMARY_BLOCK_SHIFT);
+	}
+	b = bpf_map_lookup_elem(&deny_summary, &blk);
+	if (!b)
+		return NULL;
+	*mask = 1ULL << (n & 63);
+	return &b->w[(n >> 6) & (SUMMARY_BLOCK_WORDS - 1)];
+}
+
+/* Whether the summary shows that no denylist entry covers the source. */
+static __always_inline int deny_summary_clear(const struct packet *p)
+{
+	__u32 zero = 0, fam = p->family == 4 ? SUMMARY_V4 : SUMMARY_V6;
+	struct summary_state *st = bpf_map_lookup_elem(&deny_summary_state, &zero);
+	struct summary_block *flags = bpf_map_lookup_elem(&deny_summary, &zero);
+	__u64 mask, *w;
+
+	if (!st || !flags || !(st->ready & fam) || (flags->w[0] & fam))
+		return 0;
+	w = summary_word(p->family, p->saddr, &mask);
+	return w && !(*w & mask);
+}
+
+/* Marks the summary for a denylist entry the data path is about to add. */
+static __always_inline void deny_summary_mark(int family, const __u8 *addr, __u32 prefixlen)
+{
+	__u32 zero = 0;
+	__u64 mask, *w;
+
+	if (family == 6 && prefixlen < 32) {
+		struct summary_block *flags = bpf_map_lookup_elem(&deny_summary, &zero);
+
+		if (flags)
+			__sync_fetch_and_or(&flags->w[0], SUMMARY_V6);
+		return;
+	}
+	w = summary_word(family, addr, &mask);
+	if (w)
+		__sync_fetch_and_or(w, mask);
+}
+
 static __always_inline struct prefix_rule *match_deny(const struct packet *p)
 {
+	if (deny_summary_clear(p))
+		return NULL;
 	if (p->family == 4)
 		return match_prefix(&deny_v4_hosts, &deny_v4_nets, p->saddr, 4, 1);
 	return match_prefix(&deny_v6_hosts, &deny_v6_nets, p->saddr, 6, 1);

@@ -171,6 +171,9 @@ static __always_inline void rl_block(const struct rl_src_key *k, struct rl_rule 
 	long err;
 
 	__builtin_memcpy(ck.addr, k->addr, 16);
+	/* The summary bit before the entry: the filter skips the lookups of a
+	 * source whose bit is clear. */
+	deny_summary_mark(k->family, k->addr, k->prefixlen);
 	/* The comment first, so that the entry is never listed without it. */
 	if (bpf_map_update_elem(&comments, &ck, &r->reason, BPF_ANY) == 0)
 		v.flags |= RULE_F_COMMENT;

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
 )
@@ -143,6 +144,18 @@ type Status struct {
 	Interfaces []shield.Attachment `json:"interfaces"`
 	Rules      RuleCounts          `json:"rules"`
 	Settings   rules.Settings      `json:"settings"`
+	Summary    DenySummary         `json:"deny_summary"`
+}
+
+// DenySummary says which families the deny summary serves: for a source
+// whose summary bit is clear the filter skips the deny lookups. A family
+// is off while the denylist holds a prefix too wide for it (IPv4 shorter
+// than /8, IPv6 shorter than /16).
+type DenySummary struct {
+	IPv4 bool `json:"ipv4"`
+	IPv6 bool `json:"ipv6"`
+	// Entries removed since the last rebuild, whose bits may be stale.
+	Removed uint64 `json:"removed_since_rebuild"`
 }
 
 // RuleCounts counts rules per kind.
@@ -192,6 +205,15 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if st.Settings, err = s.Settings(); err != nil {
 				return err
 			}
+			sum, err := s.DenySummary()
+			if err != nil {
+				return err
+			}
+			st.Summary = DenySummary{
+				IPv4:    sum.Ready&uint32(datapath.MoatDenySummaryFamilySUMMARY_V4) != 0,
+				IPv6:    sum.Ready&uint32(datapath.MoatDenySummaryFamilySUMMARY_V6) != 0,
+				Removed: sum.Removed,
+			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), st)
 			}
@@ -207,6 +229,8 @@ func newStatusCmd(g *globals) *cobra.Command {
 			w.Flush()
 			fmt.Fprintf(cmd.OutOrStdout(), "rules: %d allow, %d deny, %d port\npolicy: fragments %s, malformed %s\n",
 				st.Rules.Allow, st.Rules.Deny, st.Rules.Ports, st.Settings.Fragments, st.Settings.Malformed)
+			fmt.Fprintf(cmd.OutOrStdout(), "deny summary: ipv4 %s, ipv6 %s, %d entries removed since the last rebuild\n",
+				onOff(st.Summary.IPv4), onOff(st.Summary.IPv6), st.Summary.Removed)
 			return nil
 		},
 	}

@@ -250,6 +250,7 @@ func filterCases() []filterCase {
 		cases = append(cases, c, u)
 	}
 	cases = append(cases, prefixCases()...)
+	cases = append(cases, summaryCases()...)
 	return cases
 }
 
@@ -350,6 +351,73 @@ func prefixCases() []filterCase {
 		{name: "three expired allow prefixes over live allow", pkt: tcp4(80), verdict: xdpPass, reason: rAllow,
 			setup: both(expiredChain(a, "10.1.2.0/24", "10.1.0.0/20", "10.1.0.0/16"), func(f *fixture) { f.allow("10.0.0.0/8"); f.deny("10.0.0.0/8") }),
 			hits:  []hit{{a, "10.0.0.0/8", false, 1}}},
+	}
+}
+
+// summaryCases cover the deny summary: every other case runs with it in use
+// and its bits set as the control plane sets them; these check that a clear
+// bit does skip the lookups, and the ways the summary is taken out of use.
+func summaryCases() []filterCase {
+	d := denyList
+	// unmarked puts a deny entry without its summary bits, which only a
+	// bug (or a filter of an older version) would do.
+	unmarked := func(prefix string) func(*fixture) {
+		return func(f *fixture) {
+			p := netip.MustParsePrefix(prefix)
+			hosts, nets := f.maps(d, p.Addr().Is6())
+			m, k := nets, netKey(p)
+			if isHost(p) {
+				m, k = hosts, hostKey(p.Addr())
+			}
+			if err := m.Put(k, MoatPrefixRule{Prefixlen: uint32(p.Bits())}); err != nil {
+				f.tb.Fatal(err)
+			}
+		}
+	}
+	notReady := func(fam MoatDenySummaryFamily) func(*fixture) {
+		return func(f *fixture) {
+			st := f.summaryState()
+			st.Ready &^= uint32(fam)
+			f.setSummaryState(st)
+		}
+	}
+	// wideV6 sets the flag the filter sets when it auto-blocks an IPv6
+	// prefix shorter than /32.
+	wideV6 := func(f *fixture) {
+		b := MoatSummaryBlock{}
+		b.W[0] = uint64(MoatDenySummaryFamilySUMMARY_V6)
+		if err := f.objs.DenySummary.Put(uint32(0), &b); err != nil {
+			f.tb.Fatal(err)
+		}
+	}
+	return []filterCase{
+		{name: "summary: clear bit skips the deny lookups", pkt: tcp4(80), verdict: xdpPass, reason: rPass,
+			setup: unmarked("10.1.2.3/32"), hits: []hit{{d, "10.1.2.3/32", false, 0}}},
+		{name: "summary: clear bit skips the v6 deny lookups", pkt: tcp6(80), verdict: xdpPass, reason: rPass,
+			setup: unmarked("2001:db8:1:2::/64"), hits: []hit{{d, "2001:db8:1:2::/64", false, 0}}},
+		{name: "summary: bit of the neighbour /24 does not cover", pkt: tcp4(80), verdict: xdpPass, reason: rPass,
+			setup: both(unmarked("10.1.2.3/32"), func(f *fixture) { f.deny("10.1.3.0/24") })},
+		{name: "summary: v4 not ready, looked up", pkt: tcp4(80), verdict: xdpDrop, reason: rDeny,
+			setup: both(unmarked("10.1.2.3/32"), notReady(MoatDenySummaryFamilySUMMARY_V4)), hits: []hit{{d, "10.1.2.3/32", false, 1}}},
+		{name: "summary: v6 not ready, looked up", pkt: tcp6(80), verdict: xdpDrop, reason: rDeny,
+			setup: both(unmarked("2001:db8:1:2::/64"), notReady(MoatDenySummaryFamilySUMMARY_V6))},
+		{name: "summary: v6 not ready leaves v4 in use", pkt: tcp4(80), verdict: xdpPass, reason: rPass,
+			setup: both(unmarked("10.1.2.3/32"), notReady(MoatDenySummaryFamilySUMMARY_V6))},
+		{name: "summary: wide v6 auto-block flag, looked up", pkt: tcp6(80), verdict: xdpDrop, reason: rDeny,
+			setup: both(unmarked("2001:db8::/24"), wideV6)},
+		{name: "summary: v4 /12 marks each /24", pkt: tcp4(80), verdict: xdpDrop, reason: rDeny,
+			setup: func(f *fixture) { f.deny("10.0.0.0/12") }, hits: []hit{{d, "10.0.0.0/12", false, 1}}},
+		{name: "summary: v4 /4 takes v4 out of use", pkt: tcp4(80), verdict: xdpDrop, reason: rDeny,
+			setup: func(f *fixture) {
+				f.deny("0.0.0.0/4")
+				if f.summaryState().Ready&uint32(MoatDenySummaryFamilySUMMARY_V4) != 0 {
+					f.tb.Error("v4 still in use after a /4")
+				}
+			}},
+		{name: "summary: v6 /24 marks each hashed /32", pkt: tcp6(80), verdict: xdpDrop, reason: rDeny,
+			setup: func(f *fixture) { f.deny("2001:d00::/24") }, hits: []hit{{d, "2001:d00::/24", false, 1}}},
+		{name: "summary: v6 /8 takes v6 out of use", pkt: tcp6(80), verdict: xdpDrop, reason: rDeny,
+			setup: func(f *fixture) { f.deny("2000::/8") }},
 	}
 }
 

@@ -158,9 +158,70 @@ func (f *fixture) markAllow(l list, p netip.Prefix) {
 	}
 }
 
+// markDeny sets the deny summary bits of p, as the control plane does
+// before adding a deny entry; a prefix too wide for the summary takes its
+// family out of use instead.
+func (f *fixture) markDeny(l list, p netip.Prefix) {
+	f.tb.Helper()
+	if l != denyList {
+		return
+	}
+	marks := SummaryMarks{}
+	if !marks.Add(p) {
+		st := f.summaryState()
+		st.Ready &^= SummaryFamily(p.Addr())
+		f.setSummaryState(st)
+		return
+	}
+	for blk, w := range marks {
+		var b MoatSummaryBlock
+		if err := f.objs.DenySummary.Lookup(blk, &b); err != nil {
+			f.tb.Fatalf("summary block %d: %v", blk, err)
+		}
+		for i := range b.W {
+			b.W[i] |= w[i]
+		}
+		if err := f.objs.DenySummary.Put(blk, &b); err != nil {
+			f.tb.Fatalf("summary block %d: %v", blk, err)
+		}
+	}
+}
+
+func (f *fixture) summaryState() MoatSummaryState {
+	f.tb.Helper()
+	var st MoatSummaryState
+	if err := f.objs.DenySummaryState.Lookup(uint32(0), &st); err != nil {
+		f.tb.Fatalf("summary state: %v", err)
+	}
+	return st
+}
+
+func (f *fixture) setSummaryState(st MoatSummaryState) {
+	f.tb.Helper()
+	if err := f.objs.DenySummaryState.Put(uint32(0), &st); err != nil {
+		f.tb.Fatalf("summary state: %v", err)
+	}
+}
+
+// clearSummary empties the deny summary and puts both families in use,
+// as the control plane leaves it for an empty denylist.
+func (f *fixture) clearSummary() {
+	f.tb.Helper()
+	n := int(MoatDenySummaryGeometrySUMMARY_BLOCKS)
+	keys := make([]uint32, n)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := f.objs.DenySummary.BatchUpdate(keys, make([]MoatSummaryBlock, n), nil); err != nil {
+		f.tb.Fatalf("clear summary: %v", err)
+	}
+	f.setSummaryState(MoatSummaryState{Ready: uint32(MoatDenySummaryFamilySUMMARY_V4 | MoatDenySummaryFamilySUMMARY_V6), Built: 1})
+}
+
 func (f *fixture) addHost(l list, p netip.Prefix, expires uint64) {
 	f.tb.Helper()
 	f.markAllow(l, p)
+	f.markDeny(l, p)
 	hosts, _ := f.maps(l, p.Addr().Is6())
 	v := MoatPrefixRule{Prefixlen: uint32(p.Bits()), ExpiresNs: expires}
 	if err := hosts.Put(hostKey(p.Addr()), v); err != nil {
@@ -172,6 +233,7 @@ func (f *fixture) addHost(l list, p netip.Prefix, expires uint64) {
 func (f *fixture) addNet(l list, p netip.Prefix, expires uint64) {
 	f.tb.Helper()
 	f.markAllow(l, p)
+	f.markDeny(l, p)
 	_, nets := f.maps(l, p.Addr().Is6())
 	v := MoatPrefixRule{Prefixlen: uint32(p.Bits()), ExpiresNs: expires}
 	if err := nets.Put(netKey(p), v); err != nil {
@@ -351,5 +413,6 @@ func (f *fixture) reset() {
 		f.tb.Fatalf("settings: %v", err)
 	}
 	f.setPolicy(fragPass, malformedDrop)
+	f.clearSummary()
 	f.resetCounters()
 }

@@ -95,6 +95,27 @@ type MoatCommentKey struct {
 	Addr      [16]uint8
 }
 
+type MoatDenySummaryFamily uint32
+
+const (
+	MoatDenySummaryFamilySUMMARY_V4 MoatDenySummaryFamily = 1
+	MoatDenySummaryFamilySUMMARY_V6 MoatDenySummaryFamily = 2
+)
+
+type MoatDenySummaryGeometry uint32
+
+const (
+	MoatDenySummaryGeometrySUMMARY_BLOCK_WORDS MoatDenySummaryGeometry = 64
+	MoatDenySummaryGeometrySUMMARY_BLOCK_SHIFT MoatDenySummaryGeometry = 12
+	MoatDenySummaryGeometrySUMMARY_V4FIRST     MoatDenySummaryGeometry = 1
+	MoatDenySummaryGeometrySUMMARY_V4BLOCKS    MoatDenySummaryGeometry = 4096
+	MoatDenySummaryGeometrySUMMARY_V6FIRST     MoatDenySummaryGeometry = 4097
+	MoatDenySummaryGeometrySUMMARY_V6BLOCKS    MoatDenySummaryGeometry = 1024
+	MoatDenySummaryGeometrySUMMARY_V6HASH_BITS MoatDenySummaryGeometry = 22
+	MoatDenySummaryGeometrySUMMARY_V6HASH_MUL  MoatDenySummaryGeometry = 1640531527
+	MoatDenySummaryGeometrySUMMARY_BLOCKS      MoatDenySummaryGeometry = 5121
+)
+
 type MoatFragmentPolicy uint32
 
 const (
@@ -290,6 +311,25 @@ type MoatShapePortBlock struct {
 	Packets [256]uint64
 }
 
+type MoatSummaryBlock struct {
+	_ structs.HostLayout
+	W [64]uint64
+}
+
+type MoatSummaryOrArgs struct {
+	_     structs.HostLayout
+	Block uint32
+	Pad   uint32
+	W     [64]uint64
+}
+
+type MoatSummaryState struct {
+	_       structs.HostLayout
+	Ready   uint32
+	Built   uint32
+	Removed uint64
+}
+
 type MoatSynConfig struct {
 	_                structs.HostLayout
 	HoldNs           uint64
@@ -432,6 +472,8 @@ const (
 	MoatMapCaptureSettings            = "capture_settings"
 	MoatMapComments                   = "comments"
 	MoatMapCounters                   = "counters"
+	MoatMapDenySummary                = "deny_summary"
+	MoatMapDenySummaryState           = "deny_summary_state"
 	MoatMapDenyV4Hosts                = "deny_v4_hosts"
 	MoatMapDenyV4Nets                 = "deny_v4_nets"
 	MoatMapDenyV6Hosts                = "deny_v6_hosts"
@@ -457,6 +499,7 @@ const (
 	MoatMapSynRotation                = "syn_rotation"
 	MoatMapSynSettings                = "syn_settings"
 	MoatMapSynStats                   = "syn_stats"
+	MoatProgDenySummaryOr             = "deny_summary_or"
 	MoatProgMoatFilter                = "moat_filter"
 	MoatProgMoatSynAccept             = "moat_syn_accept"
 	MoatVarUnusedCaptureExportedTypes = "unused_capture_exported_types"
@@ -507,6 +550,7 @@ type MoatSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatProgramSpecs struct {
+	DenySummaryOr *ebpf.ProgramSpec `ebpf:"deny_summary_or"`
 	MoatFilter    *ebpf.ProgramSpec `ebpf:"moat_filter"`
 	MoatSynAccept *ebpf.ProgramSpec `ebpf:"moat_syn_accept"`
 }
@@ -515,41 +559,43 @@ type MoatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatMapSpecs struct {
-	AllowV4Hosts    *ebpf.MapSpec `ebpf:"allow_v4_hosts"`
-	AllowV4Nets     *ebpf.MapSpec `ebpf:"allow_v4_nets"`
-	AllowV6Hosts    *ebpf.MapSpec `ebpf:"allow_v6_hosts"`
-	AllowV6Nets     *ebpf.MapSpec `ebpf:"allow_v6_nets"`
-	CaptureLost     *ebpf.MapSpec `ebpf:"capture_lost"`
-	CaptureRing     *ebpf.MapSpec `ebpf:"capture_ring"`
-	CaptureSeen     *ebpf.MapSpec `ebpf:"capture_seen"`
-	CaptureSettings *ebpf.MapSpec `ebpf:"capture_settings"`
-	Comments        *ebpf.MapSpec `ebpf:"comments"`
-	Counters        *ebpf.MapSpec `ebpf:"counters"`
-	DenyV4Hosts     *ebpf.MapSpec `ebpf:"deny_v4_hosts"`
-	DenyV4Nets      *ebpf.MapSpec `ebpf:"deny_v4_nets"`
-	DenyV6Hosts     *ebpf.MapSpec `ebpf:"deny_v6_hosts"`
-	DenyV6Nets      *ebpf.MapSpec `ebpf:"deny_v6_nets"`
-	HhCountdown     *ebpf.MapSpec `ebpf:"hh_countdown"`
-	HhSources       *ebpf.MapSpec `ebpf:"hh_sources"`
-	PortRuleDefs    *ebpf.MapSpec `ebpf:"port_rule_defs"`
-	PortRuleHits    *ebpf.MapSpec `ebpf:"port_rule_hits"`
-	PortRules       *ebpf.MapSpec `ebpf:"port_rules"`
-	RlBudgets       *ebpf.MapSpec `ebpf:"rl_budgets"`
-	RlClassScopes   *ebpf.MapSpec `ebpf:"rl_class_scopes"`
-	RlPortScopes    *ebpf.MapSpec `ebpf:"rl_port_scopes"`
-	RlRules         *ebpf.MapSpec `ebpf:"rl_rules"`
-	RlSettings      *ebpf.MapSpec `ebpf:"rl_settings"`
-	RlSketch        *ebpf.MapSpec `ebpf:"rl_sketch"`
-	RlSources       *ebpf.MapSpec `ebpf:"rl_sources"`
-	RlStats         *ebpf.MapSpec `ebpf:"rl_stats"`
-	Settings        *ebpf.MapSpec `ebpf:"settings"`
-	Shape           *ebpf.MapSpec `ebpf:"shape"`
-	ShapePorts      *ebpf.MapSpec `ebpf:"shape_ports"`
-	SynKeys         *ebpf.MapSpec `ebpf:"syn_keys"`
-	SynPorts        *ebpf.MapSpec `ebpf:"syn_ports"`
-	SynRotation     *ebpf.MapSpec `ebpf:"syn_rotation"`
-	SynSettings     *ebpf.MapSpec `ebpf:"syn_settings"`
-	SynStats        *ebpf.MapSpec `ebpf:"syn_stats"`
+	AllowV4Hosts     *ebpf.MapSpec `ebpf:"allow_v4_hosts"`
+	AllowV4Nets      *ebpf.MapSpec `ebpf:"allow_v4_nets"`
+	AllowV6Hosts     *ebpf.MapSpec `ebpf:"allow_v6_hosts"`
+	AllowV6Nets      *ebpf.MapSpec `ebpf:"allow_v6_nets"`
+	CaptureLost      *ebpf.MapSpec `ebpf:"capture_lost"`
+	CaptureRing      *ebpf.MapSpec `ebpf:"capture_ring"`
+	CaptureSeen      *ebpf.MapSpec `ebpf:"capture_seen"`
+	CaptureSettings  *ebpf.MapSpec `ebpf:"capture_settings"`
+	Comments         *ebpf.MapSpec `ebpf:"comments"`
+	Counters         *ebpf.MapSpec `ebpf:"counters"`
+	DenySummary      *ebpf.MapSpec `ebpf:"deny_summary"`
+	DenySummaryState *ebpf.MapSpec `ebpf:"deny_summary_state"`
+	DenyV4Hosts      *ebpf.MapSpec `ebpf:"deny_v4_hosts"`
+	DenyV4Nets       *ebpf.MapSpec `ebpf:"deny_v4_nets"`
+	DenyV6Hosts      *ebpf.MapSpec `ebpf:"deny_v6_hosts"`
+	DenyV6Nets       *ebpf.MapSpec `ebpf:"deny_v6_nets"`
+	HhCountdown      *ebpf.MapSpec `ebpf:"hh_countdown"`
+	HhSources        *ebpf.MapSpec `ebpf:"hh_sources"`
+	PortRuleDefs     *ebpf.MapSpec `ebpf:"port_rule_defs"`
+	PortRuleHits     *ebpf.MapSpec `ebpf:"port_rule_hits"`
+	PortRules        *ebpf.MapSpec `ebpf:"port_rules"`
+	RlBudgets        *ebpf.MapSpec `ebpf:"rl_budgets"`
+	RlClassScopes    *ebpf.MapSpec `ebpf:"rl_class_scopes"`
+	RlPortScopes     *ebpf.MapSpec `ebpf:"rl_port_scopes"`
+	RlRules          *ebpf.MapSpec `ebpf:"rl_rules"`
+	RlSettings       *ebpf.MapSpec `ebpf:"rl_settings"`
+	RlSketch         *ebpf.MapSpec `ebpf:"rl_sketch"`
+	RlSources        *ebpf.MapSpec `ebpf:"rl_sources"`
+	RlStats          *ebpf.MapSpec `ebpf:"rl_stats"`
+	Settings         *ebpf.MapSpec `ebpf:"settings"`
+	Shape            *ebpf.MapSpec `ebpf:"shape"`
+	ShapePorts       *ebpf.MapSpec `ebpf:"shape_ports"`
+	SynKeys          *ebpf.MapSpec `ebpf:"syn_keys"`
+	SynPorts         *ebpf.MapSpec `ebpf:"syn_ports"`
+	SynRotation      *ebpf.MapSpec `ebpf:"syn_rotation"`
+	SynSettings      *ebpf.MapSpec `ebpf:"syn_settings"`
+	SynStats         *ebpf.MapSpec `ebpf:"syn_stats"`
 }
 
 // MoatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -582,41 +628,43 @@ func (o *MoatObjects) Close() error {
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatMaps struct {
-	AllowV4Hosts    *ebpf.Map `ebpf:"allow_v4_hosts"`
-	AllowV4Nets     *ebpf.Map `ebpf:"allow_v4_nets"`
-	AllowV6Hosts    *ebpf.Map `ebpf:"allow_v6_hosts"`
-	AllowV6Nets     *ebpf.Map `ebpf:"allow_v6_nets"`
-	CaptureLost     *ebpf.Map `ebpf:"capture_lost"`
-	CaptureRing     *ebpf.Map `ebpf:"capture_ring"`
-	CaptureSeen     *ebpf.Map `ebpf:"capture_seen"`
-	CaptureSettings *ebpf.Map `ebpf:"capture_settings"`
-	Comments        *ebpf.Map `ebpf:"comments"`
-	Counters        *ebpf.Map `ebpf:"counters"`
-	DenyV4Hosts     *ebpf.Map `ebpf:"deny_v4_hosts"`
-	DenyV4Nets      *ebpf.Map `ebpf:"deny_v4_nets"`
-	DenyV6Hosts     *ebpf.Map `ebpf:"deny_v6_hosts"`
-	DenyV6Nets      *ebpf.Map `ebpf:"deny_v6_nets"`
-	HhCountdown     *ebpf.Map `ebpf:"hh_countdown"`
-	HhSources       *ebpf.Map `ebpf:"hh_sources"`
-	PortRuleDefs    *ebpf.Map `ebpf:"port_rule_defs"`
-	PortRuleHits    *ebpf.Map `ebpf:"port_rule_hits"`
-	PortRules       *ebpf.Map `ebpf:"port_rules"`
-	RlBudgets       *ebpf.Map `ebpf:"rl_budgets"`
-	RlClassScopes   *ebpf.Map `ebpf:"rl_class_scopes"`
-	RlPortScopes    *ebpf.Map `ebpf:"rl_port_scopes"`
-	RlRules         *ebpf.Map `ebpf:"rl_rules"`
-	RlSettings      *ebpf.Map `ebpf:"rl_settings"`
-	RlSketch        *ebpf.Map `ebpf:"rl_sketch"`
-	RlSources       *ebpf.Map `ebpf:"rl_sources"`
-	RlStats         *ebpf.Map `ebpf:"rl_stats"`
-	Settings        *ebpf.Map `ebpf:"settings"`
-	Shape           *ebpf.Map `ebpf:"shape"`
-	ShapePorts      *ebpf.Map `ebpf:"shape_ports"`
-	SynKeys         *ebpf.Map `ebpf:"syn_keys"`
-	SynPorts        *ebpf.Map `ebpf:"syn_ports"`
-	SynRotation     *ebpf.Map `ebpf:"syn_rotation"`
-	SynSettings     *ebpf.Map `ebpf:"syn_settings"`
-	SynStats        *ebpf.Map `ebpf:"syn_stats"`
+	AllowV4Hosts     *ebpf.Map `ebpf:"allow_v4_hosts"`
+	AllowV4Nets      *ebpf.Map `ebpf:"allow_v4_nets"`
+	AllowV6Hosts     *ebpf.Map `ebpf:"allow_v6_hosts"`
+	AllowV6Nets      *ebpf.Map `ebpf:"allow_v6_nets"`
+	CaptureLost      *ebpf.Map `ebpf:"capture_lost"`
+	CaptureRing      *ebpf.Map `ebpf:"capture_ring"`
+	CaptureSeen      *ebpf.Map `ebpf:"capture_seen"`
+	CaptureSettings  *ebpf.Map `ebpf:"capture_settings"`
+	Comments         *ebpf.Map `ebpf:"comments"`
+	Counters         *ebpf.Map `ebpf:"counters"`
+	DenySummary      *ebpf.Map `ebpf:"deny_summary"`
+	DenySummaryState *ebpf.Map `ebpf:"deny_summary_state"`
+	DenyV4Hosts      *ebpf.Map `ebpf:"deny_v4_hosts"`
+	DenyV4Nets       *ebpf.Map `ebpf:"deny_v4_nets"`
+	DenyV6Hosts      *ebpf.Map `ebpf:"deny_v6_hosts"`
+	DenyV6Nets       *ebpf.Map `ebpf:"deny_v6_nets"`
+	HhCountdown      *ebpf.Map `ebpf:"hh_countdown"`
+	HhSources        *ebpf.Map `ebpf:"hh_sources"`
+	PortRuleDefs     *ebpf.Map `ebpf:"port_rule_defs"`
+	PortRuleHits     *ebpf.Map `ebpf:"port_rule_hits"`
+	PortRules        *ebpf.Map `ebpf:"port_rules"`
+	RlBudgets        *ebpf.Map `ebpf:"rl_budgets"`
+	RlClassScopes    *ebpf.Map `ebpf:"rl_class_scopes"`
+	RlPortScopes     *ebpf.Map `ebpf:"rl_port_scopes"`
+	RlRules          *ebpf.Map `ebpf:"rl_rules"`
+	RlSettings       *ebpf.Map `ebpf:"rl_settings"`
+	RlSketch         *ebpf.Map `ebpf:"rl_sketch"`
+	RlSources        *ebpf.Map `ebpf:"rl_sources"`
+	RlStats          *ebpf.Map `ebpf:"rl_stats"`
+	Settings         *ebpf.Map `ebpf:"settings"`
+	Shape            *ebpf.Map `ebpf:"shape"`
+	ShapePorts       *ebpf.Map `ebpf:"shape_ports"`
+	SynKeys          *ebpf.Map `ebpf:"syn_keys"`
+	SynPorts         *ebpf.Map `ebpf:"syn_ports"`
+	SynRotation      *ebpf.Map `ebpf:"syn_rotation"`
+	SynSettings      *ebpf.Map `ebpf:"syn_settings"`
+	SynStats         *ebpf.Map `ebpf:"syn_stats"`
 }
 
 func (m *MoatMaps) Close() error {
@@ -631,6 +679,8 @@ func (m *MoatMaps) Close() error {
 		m.CaptureSettings,
 		m.Comments,
 		m.Counters,
+		m.DenySummary,
+		m.DenySummaryState,
 		m.DenyV4Hosts,
 		m.DenyV4Nets,
 		m.DenyV6Hosts,
@@ -673,12 +723,14 @@ type MoatVariables struct {
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatPrograms struct {
+	DenySummaryOr *ebpf.Program `ebpf:"deny_summary_or"`
 	MoatFilter    *ebpf.Program `ebpf:"moat_filter"`
 	MoatSynAccept *ebpf.Program `ebpf:"moat_syn_accept"`
 }
 
 func (p *MoatPrograms) Close() error {
 	return _MoatClose(
+		p.DenySummaryOr,
 		p.MoatFilter,
 		p.MoatSynAccept,
 	)

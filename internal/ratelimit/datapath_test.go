@@ -69,6 +69,20 @@ func (f *filter) reset(cfg ratelimit.Config) {
 	if err := f.rl.ResetShape(); err != nil {
 		f.tb.Fatal(err)
 	}
+	// The deny summary in use and empty, as the control plane leaves it
+	// for an empty denylist: auto-blocks must set their own bits.
+	n := int(datapath.MoatDenySummaryGeometrySUMMARY_BLOCKS)
+	blocks := make([]uint32, n)
+	for i := range blocks {
+		blocks[i] = uint32(i)
+	}
+	if _, err := f.coll.Maps[datapath.MoatMapDenySummary].BatchUpdate(blocks, make([]datapath.MoatSummaryBlock, n), nil); err != nil {
+		f.tb.Fatal(err)
+	}
+	ready := datapath.MoatSummaryState{Ready: uint32(datapath.MoatDenySummaryFamilySUMMARY_V4 | datapath.MoatDenySummaryFamilySUMMARY_V6), Built: 1}
+	if err := f.coll.Maps[datapath.MoatMapDenySummaryState].Put(uint32(0), &ready); err != nil {
+		f.tb.Fatal(err)
+	}
 	// Sketch cells live for a window (about a second) and rule ids are
 	// reused, so counts of the previous case would carry over.
 	zeros := make([]uint64, f.rl.Sketch.MaxEntries())
@@ -85,6 +99,19 @@ func (f *filter) reset(cfg ratelimit.Config) {
 		if err := cm.Put(i, make([]datapath.MoatVerdictCounter, ncpu)); err != nil {
 			f.tb.Fatal(err)
 		}
+	}
+}
+
+// wantSummaryBit checks that the deny summary bit of a is set.
+func wantSummaryBit(t *testing.T, f *filter, a netip.Addr) {
+	t.Helper()
+	blk, w, mask := datapath.SummaryLocation(a)
+	var b datapath.MoatSummaryBlock
+	if err := f.coll.Maps[datapath.MoatMapDenySummary].Lookup(blk, &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.W[w]&mask == 0 {
+		t.Errorf("summary bit of %v is clear", a)
 	}
 }
 
@@ -381,12 +408,37 @@ func TestLimits(t *testing.T) {
 			t.Errorf("limit stats %+v", ls)
 		}
 
+		// The filter set the entry's summary bit itself: the later drops
+		// above came from the denylist, which a clear bit would skip.
+		wantSummaryBit(t, f, src4)
+
 		// IPv6: the whole /64 is blocked, in the prefix trie.
 		src6 := netip.MustParseAddr("2001:db8:7:8::1")
+		before6 := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST)
 		f.send(testpkt.UDPv6(src6, dst6, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: []byte("x")}), 100)
 		k6 := datapath.MoatNetV6{Prefixlen: 64, Addr: netip.MustParseAddr("2001:db8:7:8::").As16()}
 		if err := f.coll.Maps[datapath.MoatMapDenyV6Nets].Lookup(k6, &v); err != nil || v.Prefixlen != 64 {
 			t.Errorf("IPv6 /64 entry: %+v, %v", v, err)
+		}
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST) - before6; d != 95 {
+			t.Errorf("IPv6 denylist drops %d, want 95", d)
+		}
+		wantSummaryBit(t, f, src6)
+	})
+
+	t.Run("auto-block of an IPv6 prefix shorter than /32", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 100, BurstPackets: 4, Block: ratelimit.Duration(time.Minute), IPv6Prefix: 24})
+		a := netip.MustParseAddr("2001:db8:7:8::1")
+		f.send(testpkt.UDPv6(a, dst6, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: []byte("x")}), 10)
+		// Another /32 inside the blocked /24: no bit of the summary covers
+		// it, so the filter must have taken IPv6 out of the summary.
+		b := netip.MustParseAddr("2001:d00:1::1")
+		if got := f.send(testpkt.UDPv6(b, dst6, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: []byte("x")}), 10); got != 0 {
+			t.Errorf("%d of 10 passed from %v, inside the blocked /24", got, b)
+		}
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST); d != 15 {
+			t.Errorf("denylist drops %d, want 5 + 10", d)
 		}
 	})
 

@@ -177,6 +177,13 @@ func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
 			return err
 		}
 	}
+	if l == DenyList {
+		// Before the entries: the data path skips the lookups of a
+		// source whose summary bit is clear.
+		if err := s.markDeny(entries); err != nil {
+			return err
+		}
+	}
 	b := s.newPrefixBatches(l)
 	b.reserve(entries)
 	// Comments first, so that a listing never shows a rule whose comment
@@ -395,7 +402,7 @@ func (s *Shield) deletePrefixes(l List, prefixes []netip.Prefix) error {
 	if l == AllowList {
 		return s.clearEmptyAllowFamilies()
 	}
-	return nil
+	return s.noteRemoved(len(prefixes))
 }
 
 func familyBit(p netip.Prefix) uint32 {

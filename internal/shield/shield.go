@@ -38,6 +38,7 @@ var sharedMaps = []string{
 	datapath.MoatMapAllowV4Nets, datapath.MoatMapAllowV6Nets,
 	datapath.MoatMapDenyV4Hosts, datapath.MoatMapDenyV6Hosts,
 	datapath.MoatMapDenyV4Nets, datapath.MoatMapDenyV6Nets,
+	datapath.MoatMapDenySummary, datapath.MoatMapDenySummaryState,
 	datapath.MoatMapComments, datapath.MoatMapPortRules,
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
 	datapath.MoatMapSynPorts, datapath.MoatMapSynStats, datapath.MoatMapSynKeys,
@@ -64,6 +65,8 @@ type Shield struct {
 	spec *ebpf.CollectionSpec
 	maps map[string]*ebpf.Map
 	lock *os.File
+
+	summaryOr *ebpf.Program // deny_summary_or, loaded on first use
 }
 
 // Open opens the pinned state under root, creating the shared maps if they
@@ -85,6 +88,16 @@ func Open(root string) (*Shield, error) {
 		s.Close()
 		return nil, err
 	}
+	// New state, or state pinned before the deny summary existed.
+	if st, err := s.DenySummary(); err != nil || st.Built == 0 {
+		if err == nil {
+			err = s.RebuildDenySummary()
+		}
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("deny summary: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -97,6 +110,10 @@ func (s *Shield) Close() error {
 		m.Close()
 	}
 	s.maps = nil
+	if s.summaryOr != nil {
+		s.summaryOr.Close()
+		s.summaryOr = nil
+	}
 	if s.lock != nil {
 		s.lock.Close()
 		s.lock = nil

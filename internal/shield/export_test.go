@@ -1,0 +1,22 @@
+package shield
+
+import "github.com/cilium/ebpf"
+
+// LoadFilter loads the XDP filter against the shield's maps, for tests that
+// run packets through it.
+func (s *Shield) LoadFilter(tb interface {
+	Helper()
+	Fatal(...any)
+	Cleanup(func())
+}) *ebpf.Program {
+	tb.Helper()
+	objs, err := s.loadFilter(nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(objs.Close)
+	return objs.Filter
+}
+
+// SummaryRebuildAfter is summaryRebuildAfter, for tests.
+const SummaryRebuildAfter = summaryRebuildAfter

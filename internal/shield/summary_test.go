@@ -1,0 +1,196 @@
+package shield_test
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/shield"
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+const (
+	summaryV4 = uint32(datapath.MoatDenySummaryFamilySUMMARY_V4)
+	summaryV6 = uint32(datapath.MoatDenySummaryFamilySUMMARY_V6)
+	xdpDrop   = 1
+	xdpPass   = 2
+)
+
+func summaryBit(t *testing.T, s *shield.Shield, a netip.Addr) bool {
+	t.Helper()
+	blk, w, mask := datapath.SummaryLocation(a)
+	var b datapath.MoatSummaryBlock
+	if err := s.Map(datapath.MoatMapDenySummary).Lookup(blk, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.W[w]&mask != 0
+}
+
+func summaryState(t *testing.T, s *shield.Shield) shield.SummaryState {
+	t.Helper()
+	st, err := s.DenySummary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// verdictFrom runs a TCP SYN from src through the filter loaded on s's maps.
+func verdictFrom(t *testing.T, prog *ebpf.Program, src netip.Addr) uint32 {
+	t.Helper()
+	var pkt []byte
+	tcp := testpkt.TCP{SYN: true, SrcPort: 40000, DstPort: 80}
+	if src.Is4() {
+		pkt = testpkt.TCPv4(src, netip.MustParseAddr("192.0.2.1"), tcp)
+	} else {
+		pkt = testpkt.TCPv6(src, netip.MustParseAddr("2001:db8:ff::1"), tcp)
+	}
+	ret, err := prog.Run(&ebpf.RunOptions{Data: pkt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ret
+}
+
+// TestDenySummaryFollowsTheList checks that the control plane keeps the
+// summary's rule (a ready family has the bit of every denied address set)
+// through adds, wide prefixes and rebuilds, and that the filter on the
+// shield's maps drops what the list holds and nothing else.
+func TestDenySummaryFollowsTheList(t *testing.T) {
+	s := openFresh(t)
+	prog := s.LoadFilter(t)
+	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryV4|summaryV6 {
+		t.Fatalf("fresh state: summary %+v, want built with both families ready", st)
+	}
+	if err := s.Add(shield.DenyList, entries("198.51.100.7/32", "203.0.0.0/16", "192.0.2.64/30",
+		"2a00:1:aa::/48", "2001:d00::/24"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	denied := []string{"198.51.100.7", "203.0.0.1", "203.0.255.254", "203.0.128.9", "192.0.2.66",
+		"2a00:1:aa:1::1", "2001:d00::1", "2001:dff:ffff::1", "2001:d80:1::5"}
+	for _, a := range denied {
+		addr := netip.MustParseAddr(a)
+		if !summaryBit(t, s, addr) {
+			t.Errorf("summary bit of denied %s is clear", a)
+		}
+		if v := verdictFrom(t, prog, addr); v != xdpDrop {
+			t.Errorf("%s: verdict %d, want drop", a, v)
+		}
+	}
+	passed := []string{"198.51.101.7", "203.1.0.1", "192.0.2.1", "2a00:1:ab::1", "2001:e00::1", "2001:cff::1"}
+	for _, a := range passed {
+		if v := verdictFrom(t, prog, netip.MustParseAddr(a)); v != xdpPass {
+			t.Errorf("%s: verdict %d, want pass", a, v)
+		}
+	}
+	if !summaryBit(t, s, netip.MustParseAddr("192.0.2.1")) || summaryBit(t, s, netip.MustParseAddr("203.1.0.1")) {
+		t.Error("the /30 should mark its /24, and nothing should mark 203.1.0.0/24")
+	}
+
+	// A /4 covers more /24s than the summary marks for one entry: IPv4
+	// leaves the summary, IPv6 stays.
+	if err := s.Add(shield.DenyList, entries("64.0.0.0/4"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	if st := summaryState(t, s); st.Ready != summaryV6 {
+		t.Fatalf("after a /4: ready %#x, want IPv6 only", st.Ready)
+	}
+	if v := verdictFrom(t, prog, netip.MustParseAddr("77.1.2.3")); v != xdpDrop {
+		t.Errorf("77.1.2.3 under the /4: verdict %d, want drop", v)
+	}
+
+	// Removing it rebuilds the summary at once (IPv4 was out of use): IPv4
+	// is back, with the bits of what is left and none of what was removed.
+	if err := s.RemovePrefixes(shield.DenyList, []netip.Prefix{pfx("64.0.0.0/4"), pfx("198.51.100.7/32")}); err != nil {
+		t.Fatal(err)
+	}
+	if st := summaryState(t, s); st.Ready != summaryV4|summaryV6 || st.Removed != 0 {
+		t.Fatalf("after removing the /4: %+v, want a rebuild with both families ready", st)
+	}
+	if summaryBit(t, s, netip.MustParseAddr("198.51.100.7")) {
+		t.Error("the removed host's bit survived the rebuild")
+	}
+	for _, a := range denied[1:] {
+		addr := netip.MustParseAddr(a)
+		if !summaryBit(t, s, addr) || verdictFrom(t, prog, addr) != xdpDrop {
+			t.Errorf("%s lost its bit or its drop in the rebuild", a)
+		}
+	}
+	if v := verdictFrom(t, prog, netip.MustParseAddr("198.51.100.7")); v != xdpPass {
+		t.Errorf("removed host: verdict %d, want pass", v)
+	}
+}
+
+// TestDenySummaryRebuildsAfterManyRemovals checks that removals rebuild the
+// summary once enough entries have gone, clearing their bits.
+func TestDenySummaryRebuildsAfterManyRemovals(t *testing.T) {
+	s := openFresh(t)
+	var es []shield.Entry
+	var ps []netip.Prefix
+	for i := range shield.SummaryRebuildAfter {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{100, 64, byte(i >> 8), byte(i)}), 32)
+		es, ps = append(es, shield.Entry{Prefix: p}), append(ps, p)
+	}
+	if err := s.Add(shield.DenyList, es, shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	if !summaryBit(t, s, ps[len(ps)-1].Addr()) {
+		t.Fatal("added host has no bit")
+	}
+	if err := s.RemovePrefixes(shield.DenyList, ps[:len(ps)-1]); err != nil {
+		t.Fatal(err)
+	}
+	if st := summaryState(t, s); st.Removed != uint64(len(ps)-1) {
+		t.Fatalf("removed %d, summary counts %d", len(ps)-1, st.Removed)
+	}
+	if !summaryBit(t, s, ps[0].Addr()) {
+		t.Fatal("below the threshold, removals should leave their bits")
+	}
+	if err := s.RemovePrefixes(shield.DenyList, ps[len(ps)-1:]); err != nil {
+		t.Fatal(err)
+	}
+	st := summaryState(t, s)
+	if st.Removed != 0 || st.Ready != summaryV4|summaryV6 {
+		t.Fatalf("after %d removals: %+v, want a rebuild", len(ps), st)
+	}
+	for _, p := range []netip.Prefix{ps[0], ps[len(ps)-1]} {
+		if summaryBit(t, s, p.Addr()) {
+			t.Errorf("bit of removed %s survived the rebuild", p)
+		}
+	}
+}
+
+// TestOpenBuildsTheSummaryOfOlderState checks the upgrade from state pinned
+// before the summary existed: Open builds it from the denylist.
+func TestOpenBuildsTheSummaryOfOlderState(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	if err := s.Add(shield.DenyList, entries("198.51.100.0/24", "2001:db8:bb::/48"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	for _, name := range []string{datapath.MoatMapDenySummary, datapath.MoatMapDenySummaryState} {
+		if err := os.Remove(filepath.Join(root, "maps", name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryV4|summaryV6 {
+		t.Fatalf("summary after the upgrade: %+v", st)
+	}
+	prog := s.LoadFilter(t)
+	for _, a := range []string{"198.51.100.9", "2001:db8:bb:1::1"} {
+		addr := netip.MustParseAddr(a)
+		if !summaryBit(t, s, addr) || verdictFrom(t, prog, addr) != xdpDrop {
+			t.Errorf("%s: not marked or not dropped after the upgrade", a)
+		}
+	}
+}
