@@ -148,14 +148,16 @@ type Status struct {
 }
 
 // DenySummary says which families the deny summary serves: for a source
-// whose summary bit is clear the filter skips the deny lookups. A family
-// is off while the denylist holds a prefix too wide for it (IPv4 shorter
-// than /8, IPv6 shorter than /16).
+// whose summary bit is clear the filter skips the deny lookups. A family is
+// off while a filter of an older moat is attached, while the data path has
+// flagged it (an IPv6 auto-block shorter than /32, until the rebuild that
+// its removal brings), or if the summary could not be built (Error).
 type DenySummary struct {
 	IPv4 bool `json:"ipv4"`
 	IPv6 bool `json:"ipv6"`
 	// Entries removed since the last rebuild, whose bits may be stale.
 	Removed uint64 `json:"removed_since_rebuild"`
+	Error   string `json:"error,omitempty"`
 }
 
 // RuleCounts counts rules per kind.
@@ -209,10 +211,17 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			inUse, err := s.SummaryInUse()
+			if err != nil {
+				return err
+			}
 			st.Summary = DenySummary{
-				IPv4:    sum.Ready&uint32(datapath.MoatDenySummaryFamilySUMMARY_V4) != 0,
-				IPv6:    sum.Ready&uint32(datapath.MoatDenySummaryFamilySUMMARY_V6) != 0,
+				IPv4:    inUse&uint32(datapath.MoatDenySummaryFamilySUMMARY_V4) != 0,
+				IPv6:    inUse&uint32(datapath.MoatDenySummaryFamilySUMMARY_V6) != 0,
 				Removed: sum.Removed,
+			}
+			if s.SummaryErr != nil {
+				st.Summary.Error = s.SummaryErr.Error()
 			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), st)
@@ -231,6 +240,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 				st.Rules.Allow, st.Rules.Deny, st.Rules.Ports, st.Settings.Fragments, st.Settings.Malformed)
 			fmt.Fprintf(cmd.OutOrStdout(), "deny summary: ipv4 %s, ipv6 %s, %d entries removed since the last rebuild\n",
 				onOff(st.Summary.IPv4), onOff(st.Summary.IPv6), st.Summary.Removed)
+			if st.Summary.Error != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "deny summary: not in use: %s\n", st.Summary.Error)
+			}
 			return nil
 		},
 	}

@@ -159,20 +159,14 @@ func (f *fixture) markAllow(l list, p netip.Prefix) {
 }
 
 // markDeny sets the deny summary bits of p, as the control plane does
-// before adding a deny entry; a prefix too wide for the summary takes its
-// family out of use instead.
+// before adding a deny entry.
 func (f *fixture) markDeny(l list, p netip.Prefix) {
 	f.tb.Helper()
 	if l != denyList {
 		return
 	}
 	marks := SummaryMarks{}
-	if !marks.Add(p) {
-		st := f.summaryState()
-		st.Ready &^= SummaryFamily(p.Addr())
-		f.setSummaryState(st)
-		return
-	}
+	marks.Add(p)
 	for blk, w := range marks {
 		var b MoatSummaryBlock
 		if err := f.objs.DenySummary.Lookup(blk, &b); err != nil {

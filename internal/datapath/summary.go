@@ -14,11 +14,7 @@ const (
 	summaryV6HashBits = uint32(MoatDenySummaryGeometrySUMMARY_V6HASH_BITS)
 	summaryV6HashMul  = uint32(MoatDenySummaryGeometrySUMMARY_V6HASH_MUL)
 
-	// SummaryMaxBits is the most bits one prefix may mark. A prefix that
-	// would need more (an IPv4 prefix shorter than /8, an IPv6 one shorter
-	// than /16) makes its family's summary unusable until a rebuild finds
-	// no such prefix left.
-	SummaryMaxBits = 1 << 16
+	summaryV6Blocks = uint32(MoatDenySummaryGeometrySUMMARY_V6BLOCKS)
 )
 
 // SummaryFamily is the summary's flag for an address's family.
@@ -51,27 +47,56 @@ func SummaryLocation(a netip.Addr) (block uint32, word int, mask uint64) {
 // SummaryMarks collects summary bits by block.
 type SummaryMarks map[uint32]*[64]uint64
 
-// Add marks the bits of every address prefix p covers. It reports false,
-// marking nothing, when p covers more than SummaryMaxBits bits.
-func (m SummaryMarks) Add(p netip.Prefix) bool {
+// Add marks the bits of every address prefix p covers. An IPv4 prefix
+// shorter than /24 covers a run of consecutive bits (bit n is /24 number
+// n); an IPv6 one shorter than /32 covers a bit per hashed /32 inside it,
+// and one shorter than /16 (over 65536 of them) every IPv6 bit.
+func (m SummaryMarks) Add(p netip.Prefix) {
 	p = p.Masked()
-	unit := 24 // IPv4: a bit per /24
-	if p.Addr().Is6() {
-		unit = 32 // IPv6: a bit per /32
-	}
-	if p.Bits() >= unit {
+	switch {
+	case p.Addr().Is4() && p.Bits() >= 24, p.Addr().Is6() && p.Bits() >= 32:
 		m.set(p.Addr())
-		return true
+	case p.Addr().Is4():
+		first := firstBits(p.Addr(), 24)
+		m.setRun(summaryV4First, first, first+1<<(24-p.Bits()))
+	case p.Bits() >= 16:
+		first := firstBits(p.Addr(), 32)
+		for i := uint32(0); i < 1<<(32-p.Bits()); i++ {
+			m.set(addrOfBits(first+i, 32, false))
+		}
+	default:
+		n := summaryV6Blocks << summaryBlockShift
+		m.setRun(summaryV6First, 0, n)
 	}
-	if unit-p.Bits() > 16 {
-		return false
+}
+
+// SummaryBroad says whether p marks more than 65536 bits: the bits it leaves
+// when it is removed are worth a rebuild at once.
+func SummaryBroad(p netip.Prefix) bool {
+	if p.Addr().Is4() {
+		return p.Bits() < 8
 	}
-	// Each /unit inside p, by its number.
-	first := firstBits(p.Addr(), unit)
-	for i := uint32(0); i < 1<<(unit-p.Bits()); i++ {
-		m.set(addrOfBits(first+i, unit, p.Addr().Is4()))
+	return p.Bits() < 16
+}
+
+// setRun sets bits from..to-1 of the family whose bits start at block
+// first.
+func (m SummaryMarks) setRun(first, from, to uint32) {
+	for n := from; n < to; {
+		blk := first + n>>summaryBlockShift
+		b := m[blk]
+		if b == nil {
+			b = new([64]uint64)
+			m[blk] = b
+		}
+		if n&63 == 0 && to-n >= 64 {
+			b[(n>>6)&63] = ^uint64(0)
+			n += 64
+			continue
+		}
+		b[(n>>6)&63] |= 1 << (n & 63)
+		n++
 	}
-	return true
 }
 
 func (m SummaryMarks) set(a netip.Addr) {

@@ -109,6 +109,15 @@ type AttachResult struct {
 // there already, the program is replaced through the link (link.Update), so
 // there is no moment without a filter; the counters carry over.
 func (s *Shield) Attach(name string, mode Mode) (AttachResult, error) {
+	res, err := s.attach(name, mode)
+	if err != nil {
+		return res, err
+	}
+	// The filter replaced may have been the last of an older moat.
+	return res, s.ensureSummary()
+}
+
+func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 	iface, err := net.InterfaceByName(name)
 	if err != nil {
 		return AttachResult{}, userErrorf("no interface %q", name)
@@ -278,6 +287,16 @@ const (
 // Detach removes moat from an interface: the link is unpinned and closed,
 // which detaches the program, and the interface's pins are removed.
 func (s *Shield) Detach(name string) error {
+	if err := s.detach(name); err != nil {
+		return err
+	}
+	if _, err := os.Stat(s.root); err != nil {
+		return nil // the last detach removed the state
+	}
+	return s.ensureSummary()
+}
+
+func (s *Shield) detach(name string) error {
 	dir := s.ifaceDir(name)
 	if _, err := os.Stat(dir); err != nil {
 		return userErrorf("moat is not attached to %s", name)

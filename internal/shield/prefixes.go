@@ -402,7 +402,7 @@ func (s *Shield) deletePrefixes(l List, prefixes []netip.Prefix) error {
 	if l == AllowList {
 		return s.clearEmptyAllowFamilies()
 	}
-	return s.noteRemoved(len(prefixes))
+	return s.noteRemoved(prefixes)
 }
 
 func familyBit(p netip.Prefix) uint32 {

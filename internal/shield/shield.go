@@ -67,6 +67,10 @@ type Shield struct {
 	lock *os.File
 
 	summaryOr *ebpf.Program // deny_summary_or, loaded on first use
+
+	// SummaryErr is why Open could not bring the deny summary into use,
+	// if it could not.
+	SummaryErr error
 }
 
 // Open opens the pinned state under root, creating the shared maps if they
@@ -88,16 +92,11 @@ func Open(root string) (*Shield, error) {
 		s.Close()
 		return nil, err
 	}
-	// New state, or state pinned before the deny summary existed.
-	if st, err := s.DenySummary(); err != nil || st.Built == 0 {
-		if err == nil {
-			err = s.RebuildDenySummary()
-		}
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("deny summary: %w", err)
-		}
-	}
+	// New state, state pinned before the deny summary existed, or filters
+	// of an older moat still attached. A failure leaves the summary out of
+	// use, which costs lookups, not verdicts: commands such as detach must
+	// still work, and status reports it.
+	s.SummaryErr = s.ensureSummary()
 	return s, nil
 }
 
@@ -249,7 +248,7 @@ func (s *Shield) Remove() error {
 		return err
 	}
 	for _, name := range ifaces {
-		if err := s.Detach(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := s.detach(name); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 
@@ -12,8 +15,8 @@ import (
 
 // The deny summary (enum deny_summary_geometry in bpf/include/moat_consts.h)
 // lets the filter skip both deny lookups for a source that no entry can
-// cover. Its rule: while a family is ready, every address an entry covers
-// has its bit set. So bits are set before entries are added (here, and by
+// cover. Its rule: while a family is ready (and not flagged by the data
+// path), every address an entry covers has its bit set. So bits are set before entries are added (here, and by
 // the data path before an auto-block), and cleared only by a rebuild, which
 // first takes the family out of use. A stale bit costs a lookup, never a
 // verdict.
@@ -43,44 +46,127 @@ func (s *Shield) writeSummaryState(st SummaryState) error {
 }
 
 // markDeny sets the summary bits of entries about to enter the denylist.
-// An entry too wide for the summary takes its family out of use first.
 func (s *Shield) markDeny(entries []Entry) error {
 	st, err := s.DenySummary()
 	if err != nil {
 		return err
 	}
 	if st.Built == 0 {
-		return nil // never built: the data path looks every source up
+		return nil // not built: the data path looks every source up
 	}
 	marks := datapath.SummaryMarks{}
-	var wide uint32
 	for _, e := range entries {
-		if !marks.Add(e.Prefix) {
-			wide |= datapath.SummaryFamily(e.Prefix.Addr())
-		}
-	}
-	if st.Ready&wide != 0 {
-		st.Ready &^= wide
-		if err := s.writeSummaryState(st); err != nil {
-			return err
-		}
+		marks.Add(e.Prefix)
 	}
 	return s.orSummary(marks)
 }
 
 // noteRemoved counts removed denylist entries and rebuilds the summary once
-// enough have gone, or at once while a family is out of use: the removal
-// may have been of the prefix too wide for it.
-func (s *Shield) noteRemoved(n int) error {
+// enough have gone, or at once when a removed prefix was broad (its stale
+// bits would cost lookups over a large range) or was an IPv6 auto-block
+// shorter than /32, whose flag keeps IPv6 sources out of the summary.
+func (s *Shield) noteRemoved(prefixes []netip.Prefix) error {
 	st, err := s.DenySummary()
-	if err != nil || st.Built == 0 || n == 0 {
+	if err != nil || st.Built == 0 || len(prefixes) == 0 {
 		return err
 	}
-	st.Removed += uint64(n)
-	if st.Removed < summaryRebuildAfter && st.Ready == summaryFamilies {
+	wideV6, err := s.summaryFlags()
+	if err != nil {
+		return err
+	}
+	st.Removed += uint64(len(prefixes))
+	rebuild := st.Removed >= summaryRebuildAfter
+	for _, p := range prefixes {
+		if datapath.SummaryBroad(p) || wideV6&datapath.SummaryFamily(p.Addr()) != 0 && p.Bits() < 32 {
+			rebuild = true
+		}
+	}
+	if !rebuild {
 		return s.writeSummaryState(st)
 	}
 	return s.RebuildDenySummary()
+}
+
+// summaryFlags returns the families the data path flagged (an IPv6
+// auto-block shorter than /32): their sources are looked up until a rebuild.
+func (s *Shield) summaryFlags() (uint32, error) {
+	var b datapath.MoatSummaryBlock
+	if err := s.maps[datapath.MoatMapDenySummary].Lookup(uint32(0), &b); err != nil {
+		return 0, fmt.Errorf("read the deny summary's flags: %w", err)
+	}
+	return uint32(b.W[0]), nil
+}
+
+// SummaryInUse returns the families for which the filter uses the summary.
+func (s *Shield) SummaryInUse() (uint32, error) {
+	st, err := s.DenySummary()
+	if err != nil {
+		return 0, err
+	}
+	flags, err := s.summaryFlags()
+	return st.Ready &^ flags, err
+}
+
+// olderFilterAttached names an interface whose pinned filter does not use
+// this state's deny summary: one of a moat version before the summary, or
+// one loaded against a summary map that has since been replaced. Such a
+// filter adds auto-blocks without their bits, so no family may be ready.
+func (s *Shield) olderFilterAttached() (string, error) {
+	info, err := s.maps[datapath.MoatMapDenySummary].Info()
+	if err != nil {
+		return "", err
+	}
+	id, ok := info.ID()
+	if !ok {
+		return "", errors.New("the kernel does not report map ids")
+	}
+	ifaces, err := PinnedInterfaces(s.root)
+	if err != nil {
+		return "", err
+	}
+	for _, pi := range ifaces {
+		prog, err := ebpf.LoadPinnedProgram(filepath.Join(pi.Dir, "prog"), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		pinfo, err := prog.Info()
+		prog.Close()
+		if err != nil {
+			return "", err
+		}
+		ids, _ := pinfo.MapIDs()
+		if !slices.Contains(ids, id) {
+			return pi.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// ensureSummary builds the summary if it is not built and every attached
+// filter uses it, and takes it out of use while one does not. Open and
+// every attach and detach call it.
+func (s *Shield) ensureSummary() error {
+	st, err := s.DenySummary()
+	if err != nil {
+		return err
+	}
+	older, err := s.olderFilterAttached()
+	if err != nil {
+		return err
+	}
+	if older != "" {
+		if st.Built != 0 || st.Ready != 0 {
+			return s.writeSummaryState(SummaryState{})
+		}
+		return nil
+	}
+	if st.Built == 0 {
+		return s.RebuildDenySummary()
+	}
+	return nil
 }
 
 // orSummary ORs marks into the summary through deny_summary_or, which the
@@ -117,12 +203,19 @@ func (s *Shield) orSummary(marks datapath.SummaryMarks) error {
 // the bits of removed entries. The families are out of use meanwhile; the
 // filter looks every source up, as it did before the summary existed.
 func (s *Shield) RebuildDenySummary() error {
-	st, err := s.DenySummary()
+	older, err := s.olderFilterAttached()
 	if err != nil {
 		return err
 	}
-	st.Ready = 0
-	if err := s.writeSummaryState(st); err != nil {
+	if older != "" {
+		if err := s.writeSummaryState(SummaryState{}); err != nil {
+			return err
+		}
+		return userErrorf("the deny summary stays out of use: %s runs a filter of an older moat (moat attach %s replaces it)", older, older)
+	}
+	// Not built until the end: a rebuild cut short is done again by the
+	// next Open.
+	if err := s.writeSummaryState(SummaryState{}); err != nil {
 		return err
 	}
 	// Once no filter that saw the families ready is still running, the
@@ -140,12 +233,7 @@ func (s *Shield) RebuildDenySummary() error {
 		return err
 	}
 	marks := datapath.SummaryMarks{}
-	var wide uint32
-	mark := func(p netip.Prefix) {
-		if !marks.Add(p) {
-			wide |= datapath.SummaryFamily(p.Addr())
-		}
-	}
+	mark := func(p netip.Prefix) { marks.Add(p) }
 	hosts4, nets4 := s.listMaps(DenyList, false)
 	hosts6, nets6 := s.listMaps(DenyList, true)
 	err = errors.Join(
@@ -167,7 +255,7 @@ func (s *Shield) RebuildDenySummary() error {
 	if err := s.orSummary(marks); err != nil {
 		return err
 	}
-	return s.writeSummaryState(SummaryState{Ready: summaryFamilies &^ wide, Built: 1})
+	return s.writeSummaryState(SummaryState{Ready: summaryFamilies, Built: 1})
 }
 
 // clearSummary zeroes every block, flags included.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/shield"
@@ -91,25 +92,23 @@ func TestDenySummaryFollowsTheList(t *testing.T) {
 		t.Error("the /30 should mark its /24, and nothing should mark 203.1.0.0/24")
 	}
 
-	// A /4 covers more /24s than the summary marks for one entry: IPv4
-	// leaves the summary, IPv6 stays.
+	// A /4 marks a run of 2^20 /24s; removing it (a broad prefix) rebuilds
+	// the summary at once, with the bits of what is left and none of what
+	// was removed.
 	if err := s.Add(shield.DenyList, entries("64.0.0.0/4"), shield.Strict); err != nil {
 		t.Fatal(err)
 	}
-	if st := summaryState(t, s); st.Ready != summaryV6 {
-		t.Fatalf("after a /4: ready %#x, want IPv6 only", st.Ready)
+	if v := verdictFrom(t, prog, netip.MustParseAddr("77.1.2.3")); v != xdpDrop || !summaryBit(t, s, netip.MustParseAddr("77.1.2.3")) {
+		t.Errorf("77.1.2.3 under the /4: verdict %d, or no bit", v)
 	}
-	if v := verdictFrom(t, prog, netip.MustParseAddr("77.1.2.3")); v != xdpDrop {
-		t.Errorf("77.1.2.3 under the /4: verdict %d, want drop", v)
-	}
-
-	// Removing it rebuilds the summary at once (IPv4 was out of use): IPv4
-	// is back, with the bits of what is left and none of what was removed.
 	if err := s.RemovePrefixes(shield.DenyList, []netip.Prefix{pfx("64.0.0.0/4"), pfx("198.51.100.7/32")}); err != nil {
 		t.Fatal(err)
 	}
 	if st := summaryState(t, s); st.Ready != summaryV4|summaryV6 || st.Removed != 0 {
-		t.Fatalf("after removing the /4: %+v, want a rebuild with both families ready", st)
+		t.Fatalf("after removing the /4: %+v, want a rebuild", st)
+	}
+	if summaryBit(t, s, netip.MustParseAddr("77.1.2.3")) {
+		t.Error("the removed /4's bits survived the rebuild")
 	}
 	if summaryBit(t, s, netip.MustParseAddr("198.51.100.7")) {
 		t.Error("the removed host's bit survived the rebuild")
@@ -192,5 +191,87 @@ func TestOpenBuildsTheSummaryOfOlderState(t *testing.T) {
 		if !summaryBit(t, s, addr) || verdictFrom(t, prog, addr) != xdpDrop {
 			t.Errorf("%s: not marked or not dropped after the upgrade", a)
 		}
+	}
+}
+
+// TestOlderFilterKeepsTheSummaryOff checks an upgrade with filters of an
+// older moat still attached: they add auto-blocks without summary bits, so
+// the summary stays out of use until the last of them is replaced, and is
+// then built with every entry added meanwhile.
+func TestOlderFilterKeepsTheSummaryOff(t *testing.T) {
+	s := openFresh(t)
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := s.SummaryInUse(); err != nil || in != summaryV4|summaryV6 {
+		t.Fatalf("after attach: in use %#x, %v", in, err)
+	}
+	// Pin, in place of the filter, a program that does not use the
+	// summary map, as a filter of an older moat would be.
+	older, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, xdpPass), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	pin := filepath.Join(s.Root(), "ifaces", a, "prog")
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	root := s.Root()
+	s.Close()
+
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := summaryState(t, s); st.Built != 0 || st.Ready != 0 {
+		t.Fatalf("with an older filter attached: summary %+v, want out of use", st)
+	}
+	if err := s.Add(shield.DenyList, entries("198.51.100.0/24"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
+		t.Fatal(err)
+	}
+	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryV4|summaryV6 {
+		t.Fatalf("after replacing the older filter: summary %+v, want built and in use", st)
+	}
+	if !summaryBit(t, s, netip.MustParseAddr("198.51.100.9")) {
+		t.Error("the entry added while the summary was out of use has no bit")
+	}
+}
+
+// TestIPv6AutoBlockFlagClearedByItsRemoval checks that removing an IPv6
+// entry shorter than /32 while the data path's flag is set rebuilds the
+// summary, bringing IPv6 back.
+func TestIPv6AutoBlockFlagClearedByItsRemoval(t *testing.T) {
+	s := openFresh(t)
+	// What the filter does for an auto-block of a /24: the flag, then the
+	// entry (written here as the control plane would).
+	flags := datapath.MoatSummaryBlock{}
+	flags.W[0] = uint64(summaryV6)
+	if err := s.Map(datapath.MoatMapDenySummary).Put(uint32(0), &flags); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(shield.DenyList, entries("2001:d00::/24"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := s.SummaryInUse(); in != summaryV4 {
+		t.Fatalf("with the flag set: in use %#x, want IPv4 only", in)
+	}
+	if err := s.RemovePrefixes(shield.DenyList, []netip.Prefix{pfx("2001:d00::/24")}); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := s.SummaryInUse(); in != summaryV4|summaryV6 {
+		t.Fatalf("after removing the /24: in use %#x, want both", in)
+	}
+	if summaryBit(t, s, netip.MustParseAddr("2001:d00::1")) {
+		t.Error("the removed /24 left its bits")
 	}
 }

@@ -1,0 +1,68 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+)
+
+func (m SummaryMarks) has(a netip.Addr) bool {
+	blk, w, mask := SummaryLocation(a)
+	b := m[blk]
+	return b != nil && b[w]&mask != 0
+}
+
+func (m SummaryMarks) count() int {
+	n := 0
+	for _, b := range m {
+		for _, w := range b {
+			for ; w != 0; w &= w - 1 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestSummaryMarks checks the bits each prefix length marks, at the edges
+// of the summary's units (IPv4 /24, IPv6 /32) and of the broad prefixes.
+func TestSummaryMarks(t *testing.T) {
+	v6Bits := int(summaryV6Blocks) << summaryBlockShift
+	cases := []struct {
+		prefix  string
+		bits    int      // bits set; -1: not checked (hash collisions)
+		in, out []string // addresses whose bit must be set, and clear
+	}{
+		{"192.0.2.7/32", 1, []string{"192.0.2.7", "192.0.2.200"}, []string{"192.0.3.7", "192.0.1.255"}},
+		{"192.0.2.0/24", 1, []string{"192.0.2.0", "192.0.2.255"}, []string{"192.0.3.0"}},
+		{"192.0.2.0/23", 2, []string{"192.0.2.0", "192.0.3.255"}, []string{"192.0.4.0", "192.0.1.255"}},
+		{"10.0.0.0/8", 1 << 16, []string{"10.0.0.0", "10.128.7.1", "10.255.255.255"}, []string{"9.255.255.255", "11.0.0.0"}},
+		{"8.0.0.0/7", 1 << 17, []string{"8.0.0.0", "9.255.255.255"}, []string{"10.0.0.0", "7.255.255.255"}},
+		{"64.0.0.0/4", 1 << 20, []string{"64.0.0.1", "79.255.255.255"}, []string{"80.0.0.0", "63.255.255.255"}},
+		{"0.0.0.0/0", 1 << 24, []string{"0.0.0.0", "255.255.255.255", "203.0.113.9"}, nil},
+		{"2001:db8:1:2::3/128", 1, []string{"2001:db8:1:2::3", "2001:db8:ffff::1"}, nil},
+		{"2001:db8::/32", 1, []string{"2001:db8::", "2001:db8:ffff:ffff::1"}, nil},
+		{"2001:db8::/31", -1, []string{"2001:db8::1", "2001:db9:ffff::1"}, nil},
+		{"2001::/16", -1, []string{"2001::1", "2001:ffff:1::1", "2001:db8::1"}, nil},
+		{"2000::/15", v6Bits, []string{"2000::1", "2001:db8::1", "3fff::1"}, nil},
+		{"::/0", v6Bits, []string{"::1", "fe80::1"}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.prefix, func(t *testing.T) {
+			m := SummaryMarks{}
+			m.Add(netip.MustParsePrefix(tc.prefix))
+			if n := m.count(); tc.bits >= 0 && n != tc.bits {
+				t.Errorf("%d bits set, want %d", n, tc.bits)
+			}
+			for _, a := range tc.in {
+				if !m.has(netip.MustParseAddr(a)) {
+					t.Errorf("bit of %s is clear", a)
+				}
+			}
+			for _, a := range tc.out {
+				if m.has(netip.MustParseAddr(a)) {
+					t.Errorf("bit of %s is set", a)
+				}
+			}
+		})
+	}
+}
