@@ -93,8 +93,8 @@ enum allow_in_use {
  * IPv4 /24 and one per hashed IPv6 /32, set while a denylist entry may cover
  * an address there. A source whose bit is clear is in no entry, so its two
  * deny lookups are skipped: on a large list they are a hash bucket and a
- * trie walk, each a cache miss for a source not seen before, where the
- * bits a flood's sources fall on stay in cache. The map is an array of
+ * trie walk, several cache misses for a source not seen before, where the
+ * summary costs one word (2 MB for all of IPv4). The map is an array of
  * 64-word blocks: block 0 holds flags, then the IPv4 bits (bit n is /24
  * number n), then the IPv6 ones (bit n is every /32 whose hash is n). */
 enum deny_summary_geometry {

@@ -87,7 +87,7 @@ struct summary_block {
 /* Written by the control plane only. */
 struct summary_state {
 	__u32 ready;   /* enum deny_summary_family: families whose bits hold */
-	__u32 built;   /* non-zero once the control plane built the summary */
+	__u32 built;   /* the layout the control plane built it in; 0: unbuilt */
 	__u64 removed; /* entries removed since: bits that may be stale */
 };
 

@@ -26,6 +26,11 @@ import (
 // single unblock does not rebuild: a rebuild reads the whole denylist.
 const summaryRebuildAfter = 4096
 
+// summaryFormat is what a finished build writes to the state's built field:
+// the summary's layout and hash. State built with another layout is rebuilt
+// by Open.
+const summaryFormat = 1
+
 var summaryFamilies = uint32(datapath.MoatDenySummaryFamilySUMMARY_V4 | datapath.MoatDenySummaryFamilySUMMARY_V6)
 
 // SummaryState is the deny summary's state as the data path sees it.
@@ -163,7 +168,7 @@ func (s *Shield) ensureSummary() error {
 		}
 		return nil
 	}
-	if st.Built == 0 {
+	if st.Built != summaryFormat {
 		return s.RebuildDenySummary()
 	}
 	return nil
@@ -255,7 +260,7 @@ func (s *Shield) RebuildDenySummary() error {
 	if err := s.orSummary(marks); err != nil {
 		return err
 	}
-	return s.writeSummaryState(SummaryState{Ready: summaryFamilies, Built: 1})
+	return s.writeSummaryState(SummaryState{Ready: summaryFamilies, Built: summaryFormat})
 }
 
 // clearSummary zeroes every block, flags included.
