@@ -1,10 +1,13 @@
 package cli_test
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moat-shield/moat/internal/cli"
 )
 
 // seedRules fills root with one rule of every kind, so that a refused
@@ -157,12 +160,37 @@ func TestBadInputFreshRoot(t *testing.T) {
 // state refuse where nothing is pinned, instead of creating the maps.
 func TestReadOnlyCommandsNeedState(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"list"}, {"list", "--json"}, {"export"}, {"stats"}, {"expire"}, {"syn", "status"}} {
+	for _, args := range [][]string{{"list"}, {"list", "--json"}, {"export"}, {"stats"}, {"expire"}, {"syn", "status"}, {"rebuild-summary"}} {
 		root := newRoot(t)
 		checkUsageError(t, runMain(root, args...), "not set up")
 		if st := pinnedState(t, root); st != "" {
 			t.Fatalf("moat %v created state:\n%s", args, st)
 		}
+	}
+}
+
+// TestRebuildSummary checks the deny summary's repair command and what
+// status says of the summary.
+func TestRebuildSummary(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	mustRun(t, root, "block", "198.51.100.0/24")
+	r := mustRun(t, root, "rebuild-summary")
+	if !strings.Contains(r.stdout, "deny summary rebuilt (families in use: ipv4, ipv6)") {
+		t.Fatalf("rebuild-summary said %q", r.stdout)
+	}
+	r = mustRun(t, root, "status")
+	if !strings.Contains(r.stdout, "deny summary: ipv4 on, ipv6 on, 0 entries removed since the last rebuild") {
+		t.Fatalf("status said %q", r.stdout)
+	}
+	mustRun(t, root, "unblock", "198.51.100.0/24")
+	r = mustRun(t, root, "status", "--json")
+	var st cli.Status
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if want := (cli.DenySummary{IPv4: true, IPv6: true, Removed: 1}); st.Summary != want {
+		t.Fatalf("status --json: deny summary %+v, want %+v", st.Summary, want)
 	}
 }
 
