@@ -201,12 +201,7 @@ func (f *fixture) setSummaryState(st MoatSummaryState) {
 // as the control plane leaves it for an empty denylist.
 func (f *fixture) clearSummary() {
 	f.tb.Helper()
-	n := int(MoatDenySummaryGeometrySUMMARY_BLOCKS)
-	keys := make([]uint32, n)
-	for i := range keys {
-		keys[i] = uint32(i)
-	}
-	if _, err := f.objs.DenySummary.BatchUpdate(keys, make([]MoatSummaryBlock, n), nil); err != nil {
+	if err := ClearSummaryBlocks(f.objs.DenySummary); err != nil {
 		f.tb.Fatalf("clear summary: %v", err)
 	}
 	f.setSummaryState(MoatSummaryState{Ready: uint32(MoatDenySummaryFamilySUMMARY_V4 | MoatDenySummaryFamilySUMMARY_V6), Built: 1})

@@ -3,6 +3,8 @@ package datapath
 import (
 	"encoding/binary"
 	"net/netip"
+
+	"github.com/cilium/ebpf"
 )
 
 // The deny summary's geometry, from enum deny_summary_geometry
@@ -127,4 +129,16 @@ func addrOfBits(n uint32, unit int, v4 bool) netip.Addr {
 		return netip.AddrFrom4([4]byte(b[:4]))
 	}
 	return netip.AddrFrom16(b)
+}
+
+// ClearSummaryBlocks zeroes every block of a deny_summary map, flags
+// included, in one batched update.
+func ClearSummaryBlocks(m *ebpf.Map) error {
+	n := int(MoatDenySummaryGeometrySUMMARY_BLOCKS)
+	keys := make([]uint32, n)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	_, err := m.BatchUpdate(keys, make([]MoatSummaryBlock, n), nil)
+	return err
 }

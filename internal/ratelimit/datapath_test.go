@@ -71,12 +71,7 @@ func (f *filter) reset(cfg ratelimit.Config) {
 	}
 	// The deny summary in use and empty, as the control plane leaves it
 	// for an empty denylist: auto-blocks must set their own bits.
-	n := int(datapath.MoatDenySummaryGeometrySUMMARY_BLOCKS)
-	blocks := make([]uint32, n)
-	for i := range blocks {
-		blocks[i] = uint32(i)
-	}
-	if _, err := f.coll.Maps[datapath.MoatMapDenySummary].BatchUpdate(blocks, make([]datapath.MoatSummaryBlock, n), nil); err != nil {
+	if err := datapath.ClearSummaryBlocks(f.coll.Maps[datapath.MoatMapDenySummary]); err != nil {
 		f.tb.Fatal(err)
 	}
 	ready := datapath.MoatSummaryState{Ready: uint32(datapath.MoatDenySummaryFamilySUMMARY_V4 | datapath.MoatDenySummaryFamilySUMMARY_V6), Built: 1}

@@ -1,14 +1,14 @@
 package shield
 
-import "github.com/cilium/ebpf"
+import (
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
 
 // LoadFilter loads the XDP filter against the shield's maps, for tests that
 // run packets through it.
-func (s *Shield) LoadFilter(tb interface {
-	Helper()
-	Fatal(...any)
-	Cleanup(func())
-}) *ebpf.Program {
+func (s *Shield) LoadFilter(tb testing.TB) *ebpf.Program {
 	tb.Helper()
 	objs, err := s.loadFilter(nil)
 	if err != nil {

@@ -444,45 +444,51 @@ type listRule struct {
 	rule   datapath.MoatPrefixRule
 }
 
+// listReaders returns a reader for each of list l's four maps (IPv4
+// hosts, IPv4 networks, IPv6 hosts, IPv6 networks), which calls each for
+// every entry of its map.
+func (s *Shield) listReaders(l List) [4]func(each func(listRule)) error {
+	hosts4, nets4 := s.listMaps(l, false)
+	hosts6, nets6 := s.listMaps(l, true)
+	return [4]func(func(listRule)) error{
+		func(each func(listRule)) error {
+			return readAll(hosts4, func(k *datapath.MoatHostV4, v *datapath.MoatPrefixRule) {
+				each(listRule{netip.PrefixFrom(netip.AddrFrom4(k.Addr), 32), *v})
+			})
+		},
+		func(each func(listRule)) error {
+			return readAll(nets4, func(k *datapath.MoatNetV4, v *datapath.MoatPrefixRule) {
+				each(listRule{netip.PrefixFrom(netip.AddrFrom4(k.Addr), int(k.Prefixlen)), *v})
+			})
+		},
+		func(each func(listRule)) error {
+			return readAll(hosts6, func(k *datapath.MoatHostV6, v *datapath.MoatPrefixRule) {
+				each(listRule{netip.PrefixFrom(netip.AddrFrom16(k.Addr), 128), *v})
+			})
+		},
+		func(each func(listRule)) error {
+			return readAll(nets6, func(k *datapath.MoatNetV6, v *datapath.MoatPrefixRule) {
+				each(listRule{netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen)), *v})
+			})
+		},
+	}
+}
+
 // readList reads every entry of list l, sorted by family, address and
 // length. Each map is read and sorted in its own job, so that the sorting,
 // which costs as much as the reading, runs on every CPU; the sorted parts
 // are merged after.
 func (s *Shield) readList(l List) ([]listRule, error) {
-	hosts4, nets4 := s.listMaps(l, false)
-	hosts6, nets6 := s.listMaps(l, true)
 	var parts [4][]listRule
-	jobs := []job{
-		{1, func() error {
-			return readAll(hosts4, func(k *datapath.MoatHostV4, v *datapath.MoatPrefixRule) {
-				parts[0] = append(parts[0], listRule{netip.PrefixFrom(netip.AddrFrom4(k.Addr), 32), *v})
-			})
-		}},
-		{1, func() error {
-			return readAll(nets4, func(k *datapath.MoatNetV4, v *datapath.MoatPrefixRule) {
-				parts[1] = append(parts[1], listRule{netip.PrefixFrom(netip.AddrFrom4(k.Addr), int(k.Prefixlen)), *v})
-			})
-		}},
-		{1, func() error {
-			return readAll(hosts6, func(k *datapath.MoatHostV6, v *datapath.MoatPrefixRule) {
-				parts[2] = append(parts[2], listRule{netip.PrefixFrom(netip.AddrFrom16(k.Addr), 128), *v})
-			})
-		}},
-		{1, func() error {
-			return readAll(nets6, func(k *datapath.MoatNetV6, v *datapath.MoatPrefixRule) {
-				parts[3] = append(parts[3], listRule{netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen)), *v})
-			})
-		}},
-	}
-	for i := range jobs {
-		read := jobs[i].run
-		jobs[i].run = func() error {
-			if err := read(); err != nil {
+	var jobs []job
+	for i, read := range s.listReaders(l) {
+		jobs = append(jobs, job{1, func() error {
+			if err := read(func(r listRule) { parts[i] = append(parts[i], r) }); err != nil {
 				return err
 			}
 			slices.SortFunc(parts[i], cmpListRule)
 			return nil
-		}
+		}})
 	}
 	if err := runJobs(jobs); err != nil {
 		return nil, err

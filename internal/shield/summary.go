@@ -238,24 +238,10 @@ func (s *Shield) RebuildDenySummary() error {
 		return err
 	}
 	marks := datapath.SummaryMarks{}
-	mark := func(p netip.Prefix) { marks.Add(p) }
-	hosts4, nets4 := s.listMaps(DenyList, false)
-	hosts6, nets6 := s.listMaps(DenyList, true)
-	err = errors.Join(
-		readAll(hosts4, func(k *datapath.MoatHostV4, _ *datapath.MoatPrefixRule) {
-			mark(netip.PrefixFrom(netip.AddrFrom4(k.Addr), 32))
-		}),
-		readAll(nets4, func(k *datapath.MoatNetV4, _ *datapath.MoatPrefixRule) {
-			mark(netip.PrefixFrom(netip.AddrFrom4(k.Addr), int(k.Prefixlen)))
-		}),
-		readAll(hosts6, func(k *datapath.MoatHostV6, _ *datapath.MoatPrefixRule) {
-			mark(netip.PrefixFrom(netip.AddrFrom16(k.Addr), 128))
-		}),
-		readAll(nets6, func(k *datapath.MoatNetV6, _ *datapath.MoatPrefixRule) {
-			mark(netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen)))
-		}))
-	if err != nil {
-		return fmt.Errorf("read the denylist: %w", err)
+	for _, read := range s.listReaders(DenyList) {
+		if err := read(func(r listRule) { marks.Add(r.prefix) }); err != nil {
+			return fmt.Errorf("read the denylist: %w", err)
+		}
 	}
 	if err := s.orSummary(marks); err != nil {
 		return err
@@ -265,13 +251,7 @@ func (s *Shield) RebuildDenySummary() error {
 
 // clearSummary zeroes every block, flags included.
 func (s *Shield) clearSummary() error {
-	n := int(datapath.MoatDenySummaryGeometrySUMMARY_BLOCKS)
-	keys := make([]uint32, n)
-	for i := range keys {
-		keys[i] = uint32(i)
-	}
-	zero := make([]datapath.MoatSummaryBlock, n)
-	if _, err := s.maps[datapath.MoatMapDenySummary].BatchUpdate(keys, zero, nil); err != nil {
+	if err := datapath.ClearSummaryBlocks(s.maps[datapath.MoatMapDenySummary]); err != nil {
 		return fmt.Errorf("clear the deny summary: %w", err)
 	}
 	return nil

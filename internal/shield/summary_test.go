@@ -1,9 +1,11 @@
 package shield_test
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -235,6 +237,15 @@ func TestOlderFilterKeepsTheSummaryOff(t *testing.T) {
 	}
 	if err := s.Add(shield.DenyList, entries("198.51.100.0/24"), shield.Strict); err != nil {
 		t.Fatal(err)
+	}
+	// moat rebuild-summary refuses, as a user error naming the interface.
+	err = s.RebuildDenySummary()
+	var ue *shield.UserError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), a) {
+		t.Fatalf("rebuild with an older filter attached: %v, want a user error naming %s", err, a)
+	}
+	if st := summaryState(t, s); st.Built != 0 || st.Ready != 0 {
+		t.Fatalf("the refused rebuild left the summary %+v", st)
 	}
 	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
 		t.Fatal(err)
