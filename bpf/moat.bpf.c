@@ -107,7 +107,7 @@ int moat_filter(struct xdp_md *ctx)
 		return verdict(ctx, REASON_PORT_DROP, XDP_DROP);
 
 	/* SYN flood defence (syncookie.h): answers SYNs with cookies, drops
-	 * ACKs that fit no socket. Per port in syn_stats, per interface here. */
+	 * ACKs that fit no socket. Per port in syn_counters, per interface here. */
 	ret = syn_defend(ctx, &pkt);
 	if (ret == XDP_TX)
 		return verdict(ctx, REASON_SYN_COOKIE, XDP_TX);

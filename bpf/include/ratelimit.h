@@ -433,11 +433,11 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 	struct rl_rule *r;
 	__u32 zero = 0, all = RL_CLASS_ALL, src = 0, bud = 0, idx;
 	int class = -1, res = RL_PASS;
-	__u64 now;
 
 	if (!p)
 		return RL_PASS;
-	now = packet_now(p);
+	/* The clock is read only when a rule or a sample needs it: with no
+	 * rule in scope a packet never pays for it (packet_now). */
 	set = bpf_map_lookup_elem(&rl_settings, &zero);
 	if (p->has_l4)
 		class = port_class(p);
@@ -456,7 +456,7 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 		st = bpf_map_lookup_elem(&rl_stats, &src);
 		if (r && st && r->kind == RL_KIND_SOURCE &&
 		    (!(r->flags & RL_F_SYN_ONLY) || rl_is_syn(p))) {
-			res = rl_source(p, src, r, set, now, len, st);
+			res = rl_source(p, src, r, set, packet_now(p), len, st);
 			if (res == RL_PASS) {
 				st->passed++;
 				st->passed_bytes += len;
@@ -474,7 +474,7 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 		    (!(r->flags & RL_F_SYN_ONLY) || rl_is_syn(p))) {
 			struct rl_bucket *b = bpf_map_lookup_elem(&rl_budgets, &idx);
 
-			if (b && !rl_conform(b, r, now, len)) {
+			if (b && !rl_conform(b, r, packet_now(p), len)) {
 				res = RL_DROP_BUDGET;
 				st->dropped++;
 				st->dropped_bytes += len;
@@ -493,7 +493,7 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 		if (log2 > HH_MAX_SAMPLE_LOG2)
 			log2 = HH_MAX_SAMPLE_LOG2;
 		if (!set->hh_off && hh_sampled(log2))
-			hh_count(p, len, res != RL_PASS, now);
+			hh_count(p, len, res != RL_PASS, packet_now(p));
 	}
 	return res;
 }

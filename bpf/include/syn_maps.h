@@ -18,14 +18,15 @@ struct {
 	__type(value, struct syn_port);
 } syn_ports SEC(".maps");
 
-/* Counters and flood windows of protected ports; the control plane creates
- * the entry when it protects a port. */
+/* Counters and flood windows of protected ports, in the slot that
+ * syn_port.slot names: an array, so that a SYN finds them without a hash
+ * lookup. The control plane clears a slot before it hands it out. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_SYN_PORTS);
 	__type(key, __u32);
 	__type(value, struct syn_port_stats);
-} syn_stats SEC(".maps");
+} syn_counters SEC(".maps");
 
 /* Cookie keys, slot generation & 1 is current. Write-only from user space
  * so that no dump or export can show them. */

@@ -6,7 +6,8 @@
 
 #include <linux/types.h>
 
-/* How many ports may be protected at once (size of the stats map). */
+/* Slots of the counters map: slot 0 means "no counters", so at most
+ * MAX_SYN_PORTS - 1 ports are protected at once. */
 #ifndef MAX_SYN_PORTS
 #define MAX_SYN_PORTS 1024
 #endif
@@ -79,7 +80,9 @@ enum syn_mode {
 struct syn_port {
 	__u8 mode;     /* enum syn_mode */
 	__u8 flooding; /* auto mode: cookies are being issued */
-	__u16 pad;
+	/* The port's slot in syn_counters, 1 to MAX_SYN_PORTS - 1; 0: none,
+	 * and the data path leaves the port alone. */
+	__u16 slot;
 	__u32 window_threshold; /* SYNs per CPU per SYN_WINDOW_NS that mean a flood */
 	__u64 last_flood_ns;    /* last time a CPU saw its window go over the threshold */
 	__u64 last_change_ns;   /* last time flooding changed */
@@ -88,8 +91,8 @@ struct syn_port {
 	__u64 flood_until_ns;
 };
 
-/* Per CPU and per protected port (key: port as __u32). The window fields
- * belong to flood detection and are not counters. */
+/* Per CPU and per protected port (key: the port's slot). The window and
+ * clock fields belong to the data path and are not counters. */
 struct syn_port_stats {
 	__u64 syns;             /* SYNs seen (no ACK flag) */
 	__u64 cookies_issued;   /* SYN-ACKs sent with XDP_TX */
@@ -102,8 +105,15 @@ struct syn_port_stats {
 				 * non-unicast or martian addresses), dropped */
 	__u64 stale_key_syns;   /* SYNs left to the kernel because the key rotation is
 				 * overdue (see syn_config.rotation_period_ns) */
+	__u64 syns_passed;      /* cookie mode: SYNs left to the kernel (no listener
+				 * here, a time-wait, request or established socket
+				 * owns the tuple, stale keys, double VLAN tags) */
 	__u64 win_start_ns;
 	__u64 win_syns;
+	/* The SYN path's clock (syn_clock): CLOCK_BOOTTIME as read at the
+	 * first SYN of the jiffy clock_jiffies, reused for the rest of it. */
+	__u64 clock_jiffies;
+	__u64 clock_ns;
 };
 
 /* One SipHash key. The two slots of syn_keys hold the keys of the current

@@ -118,6 +118,37 @@ static __always_inline struct syn_config *syn_get_config(void)
 	return bpf_map_lookup_elem(&syn_settings, &zero);
 }
 
+/* A protected port's counters on this CPU, or NULL if it has no slot. */
+static __always_inline struct syn_port_stats *syn_counters_of(const struct syn_port *port)
+{
+	__u32 slot = port->slot;
+
+	if (!slot)
+		return NULL;
+	return bpf_map_lookup_elem(&syn_counters, &slot);
+}
+
+/* The SYN path's clock: CLOCK_BOOTTIME, read at the port's first SYN in
+ * each jiffy and reused for the rest of it (at most 4 ms old with
+ * HZ=250). Everything the SYN path times (TSval in milliseconds, key
+ * rotation in minutes, flood windows of 100 ms, holds of seconds) is far
+ * coarser, and a clock read costs a SYN-ACK about as much as its hash
+ * (live flood profile: read_tsc was 5% of the CPU). bpf_jiffies64 is a
+ * plain load once the verifier inlines it. */
+static __always_inline __u64 syn_clock(struct syn_port_stats *st, struct packet *p)
+{
+	__u64 j;
+
+	if (p->now)
+		return p->now;
+	j = bpf_jiffies64();
+	if (st->clock_jiffies != j || !st->clock_ns) {
+		st->clock_jiffies = j;
+		st->clock_ns = packet_now(p);
+	}
+	return st->clock_ns;
+}
+
 /* The socket tuple of a packet, in the packet's direction. */
 static __always_inline __u32 syn_tuple(const struct packet *p, struct bpf_sock_tuple *t)
 {
@@ -425,14 +456,15 @@ static __always_inline void synack_options(struct synack_tcp *s, const struct tc
  * shapes and addresses: passing them would let a flood of them reach the
  * kernel at its own rate); or SYN_CONTINUE to leave the SYN to the kernel
  * when the kernel must decide (no listener here, a time-wait or request
- * socket, no live key, double tags). A global function: its stack frame
- * is not added to syn_defend's. */
-__attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
+ * socket, no live key, double tags). st is the port's counters on this
+ * CPU, now the SYN path's clock. A global function: the verifier checks
+ * it once, not once per path through the parser. */
+__attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
+					 struct syn_port_stats *st, __u64 now)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	__u32 l3, l4, optlen, payload, meta, slot, key;
-	struct syn_port_stats *st;
+	__u32 l3, l4, optlen, payload, meta, slot;
 	struct syn_config *cfg;
 	const struct tcp_opts *opts;
 	struct tcp_opts o_copy;
@@ -444,18 +476,15 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p)
 	struct ethhdr *eth;
 	__u8 l2[SYN_MAX_L3_OFF];
 	__be32 client_isn;
-	__u64 sum, h, now;
+	__u64 sum, h;
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
 	int ecn, delta, keys;
 
-	if (!ctx || !p)
+	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
-	now = packet_now(p);
-	key = p->dport;
-	st = bpf_map_lookup_elem(&syn_stats, &key);
 	cfg = syn_get_config();
-	if (!st || !cfg)
+	if (!cfg)
 		return SYN_CONTINUE;
 	l3 = p->l3_off;
 	l4 = p->l4_off;
@@ -662,26 +691,25 @@ refuse:
  * it) and it carries neither a valid moat cookie nor a valid kernel one.
  * With no socket at all the destination is not a local listener of this
  * namespace (a container behind this device, NAT, a routed flow): passed.
- * A global function, so the verifier checks it once. */
-__attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p)
+ * st and now as for syn_answer. A global function, so the verifier checks
+ * it once. */
+__attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p,
+					    struct syn_port_stats *st, __u64 now)
 {
 	struct tcp_opts no_opts = {};
 	const struct tcp_opts *opts;
-	struct syn_port_stats *st;
 	struct syn_config *cfg;
 	void *data, *data_end;
 	struct tcphdr *th;
-	__u32 key, l3, l4;
+	__u32 l3, l4;
 	long kernel_cookie = -1;
 
-	if (!ctx || !p)
+	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
 	if (syn_sock_state(ctx, p) != BPF_TCP_LISTEN)
 		return SYN_CONTINUE;
-	key = p->dport;
-	st = bpf_map_lookup_elem(&syn_stats, &key);
 	cfg = syn_get_config();
-	if (!st || !cfg)
+	if (!cfg)
 		return SYN_CONTINUE;
 
 	data = (void *)(long)ctx->data;
@@ -698,7 +726,7 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	opts = xdp_tcp_options(ctx, p);
 	if (!opts)
 		opts = &no_opts;
-	if (syn_cookie_check(p, cfg, packet_now(p), bpf_ntohl(th->ack_seq) - 1,
+	if (syn_cookie_check(p, cfg, now, bpf_ntohl(th->ack_seq) - 1,
 			     bpf_ntohl(th->seq) - 1, opts) >= 0)
 		return SYN_CONTINUE; /* tc accepts it */
 
@@ -736,8 +764,10 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	struct syn_port_stats *st;
 	struct syn_config *cfg;
 	struct syn_port *port;
+	__u64 now;
 	__u32 key;
 	__u8 flags;
+	int ret;
 
 	if (p->l4proto != IPPROTO_TCP || !p->has_l4)
 		return SYN_CONTINUE;
@@ -745,26 +775,32 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	port = bpf_map_lookup_elem(&syn_ports, &key);
 	if (!port || port->mode == SYN_MODE_OFF)
 		return SYN_CONTINUE;
+	st = syn_counters_of(port);
+	if (!st)
+		return SYN_CONTINUE;
 	flags = p->tcp_flags;
 
 	if ((flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN) {
-		st = bpf_map_lookup_elem(&syn_stats, &key);
 		cfg = syn_get_config();
-		if (!st || !cfg)
+		if (!cfg)
 			return SYN_CONTINUE;
 		st->syns++;
 		if (port->mode == SYN_MODE_NEVER)
 			return SYN_CONTINUE;
-		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg, packet_now(p)))
+		now = syn_clock(st, p);
+		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg, now))
 			return SYN_CONTINUE;
-		return syn_answer(ctx, p);
+		ret = syn_answer(ctx, p, st, now);
+		if (ret == SYN_CONTINUE)
+			st->syns_passed++;
+		return ret;
 	}
 
 	/* ACK filtering costs a socket lookup per packet, so it runs only
 	 * while cookies are being issued. */
 	if ((flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) == TCPF_ACK &&
 	    (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding)))
-		return syn_check_ack(ctx, p);
+		return syn_check_ack(ctx, p, st, syn_clock(st, p));
 	return SYN_CONTINUE;
 }
 
@@ -881,7 +917,7 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 		attrs.rcv_tsecr = w.opts.tsecr;
 	}
 
-	st = bpf_map_lookup_elem(&syn_stats, &key);
+	st = syn_counters_of(port);
 	tsk = bpf_skc_to_tcp_sock(sk);
 	if (!tsk) {
 		err = -1;

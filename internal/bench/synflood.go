@@ -517,12 +517,12 @@ type moatSynObjects struct {
 	SynPorts    *ebpf.Map     `ebpf:"syn_ports"`
 	SynRotation *ebpf.Map     `ebpf:"syn_rotation"`
 	SynSettings *ebpf.Map     `ebpf:"syn_settings"`
-	SynStats    *ebpf.Map     `ebpf:"syn_stats"`
+	SynCounters *ebpf.Map     `ebpf:"syn_counters"`
 }
 
 func (o *moatSynObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Filter, o.Counters, o.SynKeys, o.SynPorts, o.SynRotation, o.SynSettings, o.SynStats} {
+	for _, c := range []interface{ Close() error }{o.Filter, o.Counters, o.SynKeys, o.SynPorts, o.SynRotation, o.SynSettings, o.SynCounters} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -559,7 +559,7 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 	_, err = syncookie.Rotate(m.objs.SynKeys, m.objs.SynRotation)
 	setup = append(setup, err,
 		syncookie.Configure(m.objs.SynSettings, syncookie.Config{ECN: ecn}),
-		syncookie.Protect(m.objs.SynPorts, m.objs.SynStats, servicePort, syncookie.ModeAlways, 0))
+		syncookie.Protect(m.objs.SynPorts, m.objs.SynCounters, servicePort, syncookie.ModeAlways, 0))
 	if err := errors.Join(setup...); err != nil {
 		m.objs.Close()
 		return nil, "configure moat's SYN cookies: " + err.Error()
@@ -569,7 +569,7 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 
 func (m *moatSynDefence) Name() string { return "moat" }
 func (m *moatSynDefence) What() string {
-	return fmt.Sprintf("moat_filter in native XDP on the server's interface with SYN protection mode \"always\" on port %d (cookies answered from XDP with XDP_TX; internal/syncookie: Rotate, Configure, Protect), rule maps shared with the shield (denylist of %d prefixes, none matching the SYN sources), SYN maps of its own; own count: cookies_issued of syn_stats", servicePort, len(m.b.deny))
+	return fmt.Sprintf("moat_filter in native XDP on the server's interface with SYN protection mode \"always\" on port %d (cookies answered from XDP with XDP_TX; internal/syncookie: Rotate, Configure, Protect), rule maps shared with the shield (denylist of %d prefixes, none matching the SYN sources), SYN maps of its own; own count: cookies_issued of syn_counters", servicePort, len(m.b.deny))
 }
 
 func (m *moatSynDefence) Attach(context.Context) error {
@@ -592,13 +592,13 @@ func (m *moatSynDefence) Detach(context.Context) error {
 func (m *moatSynDefence) Dropped(context.Context) (uint64, error) { return 0, nil }
 
 func (m *moatSynDefence) Issued(context.Context) (uint64, string, error) {
-	st, err := syncookie.Status(m.objs.SynPorts, m.objs.SynStats)
+	st, err := syncookie.Status(m.objs.SynPorts, m.objs.SynCounters)
 	if err != nil {
 		return 0, "", err
 	}
 	for _, p := range st {
 		if p.Port == servicePort {
-			return p.CookiesIssued, "syn_stats cookies_issued", nil
+			return p.CookiesIssued, "syn_counters cookies_issued", nil
 		}
 	}
 	return 0, "", fmt.Errorf("port %d is not protected", servicePort)

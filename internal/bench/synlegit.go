@@ -535,7 +535,7 @@ func (m *moatCookies) What() string {
 	case syncookie.ModeAuto:
 		s += fmt.Sprintf(": cookies only while more than %d SYNs per second come to the port, SYNs left to the kernel otherwise", syncookie.StoredThreshold(0))
 	}
-	return s + "; counters: the port's syn_stats (syncookie.Status) and the kernel's TcpExt"
+	return s + "; counters: the port's syn_counters (syncookie.Status) and the kernel's TcpExt"
 }
 
 func (m *moatCookies) Attach(context.Context) error {
@@ -552,7 +552,7 @@ func (m *moatCookies) Attach(context.Context) error {
 		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{ECN: syncookie.ECNEnabled()}); err != nil {
 			return err
 		}
-		return syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats), servicePort, m.mode, 0)
+		return syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), servicePort, m.mode, 0)
 	})
 }
 
@@ -562,7 +562,7 @@ func (m *moatCookies) Attach(context.Context) error {
 func (m *moatCookies) Detach(context.Context) error {
 	s := m.b.shield
 	return m.b.lab.Server.Do(func() error {
-		errs := []error{syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats), servicePort, syncookie.ModeOff, 0)}
+		errs := []error{syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), servicePort, syncookie.ModeOff, 0)}
 		for _, ifc := range m.b.lab.Server.Ifaces {
 			errs = append(errs, s.Detach(ifc.Name))
 		}
@@ -607,7 +607,7 @@ func (m *moatCookies) Counters(context.Context) (map[string]uint64, error) {
 		return nil, err
 	}
 	s := m.b.shield
-	st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats))
+	st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters))
 	if err != nil {
 		return nil, err
 	}

@@ -24,18 +24,18 @@ func init() {
 
 // synMaps are the pinned maps of the SYN defence.
 type synMaps struct {
-	ports, stats, keys, rotation, settings *ebpf.Map
+	ports, counters, keys, rotation, settings *ebpf.Map
 }
 
 func openSynMaps(s *shield.Shield) (synMaps, error) {
 	m := synMaps{
 		ports:    s.Map(datapath.MoatMapSynPorts),
-		stats:    s.Map(datapath.MoatMapSynStats),
+		counters: s.Map(datapath.MoatMapSynCounters),
 		keys:     s.Map(datapath.MoatMapSynKeys),
 		rotation: s.Map(datapath.MoatMapSynRotation),
 		settings: s.Map(datapath.MoatMapSynSettings),
 	}
-	if m.ports == nil || m.stats == nil || m.keys == nil || m.rotation == nil || m.settings == nil {
+	if m.ports == nil || m.counters == nil || m.keys == nil || m.rotation == nil || m.settings == nil {
 		return m, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
 	}
 	return m, nil
@@ -133,8 +133,15 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
+			if m != syncookie.ModeOff {
+				// All or nothing: refuse before the first port if the
+				// slots cannot hold the ports not yet protected.
+				if err := checkSlots(sm, ports); err != nil {
+					return err
+				}
+			}
 			for _, p := range ports {
-				if err := syncookie.Protect(sm.ports, sm.stats, p, m, threshold); err != nil {
+				if err := syncookie.Protect(sm.ports, sm.counters, p, m, threshold); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "tcp/%d: %s\n", p, m)
@@ -174,7 +181,7 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ports, err := syncookie.Status(sm.ports, sm.stats)
+			ports, err := syncookie.Status(sm.ports, sm.counters)
 			if err != nil {
 				return err
 			}
@@ -202,7 +209,7 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 					"Is the daemon (or `moat syn rotate --every`) running?\n", syncookie.StaleAfter(keys.Period))
 			}
 			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tACCEPT ERRORS")
+			fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tSYNS PASSED\tACCEPT ERRORS")
 			for _, p := range ports {
 				flood, since := "no", "-"
 				if p.Flooding {
@@ -211,8 +218,8 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 				if !p.LastChange.IsZero() {
 					since = p.LastChange.Local().Format(time.DateTime)
 				}
-				fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
-					p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped, p.SYNsDropped, p.AcceptErrors)
+				fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
+					p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped, p.SYNsDropped, p.SYNsPassed, p.AcceptErrors)
 			}
 			if err := w.Flush(); err != nil {
 				return err
@@ -285,4 +292,29 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().DurationVar(&every, "every", 0, "rotate on this schedule until interrupted (e.g. 1m)")
 	return cmd
+}
+
+// checkSlots fails with a user error if protecting ports would need more
+// counters slots than are free.
+func checkSlots(sm synMaps, ports []uint16) error {
+	protected, err := syncookie.ProtectedPorts(sm.ports)
+	if err != nil {
+		return err
+	}
+	have := map[uint16]bool{}
+	for _, p := range protected {
+		have[p.Port] = true
+	}
+	need := 0
+	for _, p := range ports {
+		if !have[p] {
+			have[p] = true
+			need++
+		}
+	}
+	limit := int(sm.counters.MaxEntries()) - 1
+	if len(protected)+need > limit {
+		return &shield.UserError{Err: fmt.Errorf("%w: at most %d, %d protected now, %d more asked", syncookie.ErrNoFreeSlot, limit, len(protected), need)}
+	}
+	return nil
 }

@@ -422,6 +422,9 @@ func (c *Config) check(e *errs) {
 			at(p.Line, "%s: invalid mode %q: want auto, always or never", path, p.Mode)
 		}
 	}
+	if len(synPorts) > syncookie.MaxProtectedPorts {
+		key("syn.ports", "%d ports listed; at most %d can be protected", len(synPorts), syncookie.MaxProtectedPorts)
+	}
 
 	seenLimits := map[string]int{}
 	for i := range c.Limits {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/syncookie"
 )
 
 // parseErrors parses text and returns its errors as "LINE: message".
@@ -220,5 +222,25 @@ func TestExamplesPass(t *testing.T) {
 	}
 	if _, _, err := Parse("README.md example", block[1]); err != nil {
 		t.Errorf("README example: %v", err)
+	}
+}
+
+func TestTooManySYNPorts(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("syn:\n  ports:\n")
+	for p := 1; p <= syncookie.MaxProtectedPorts+1; p++ {
+		fmt.Fprintf(&b, "    - port: %d\n      mode: auto\n", p)
+	}
+	errs := parseErrors(t, b.String())
+	if len(errs) != 1 || !strings.Contains(errs[0], fmt.Sprintf("at most %d can be protected", syncookie.MaxProtectedPorts)) {
+		t.Fatalf("errors %q, want one saying how many ports can be protected", errs)
+	}
+	b.Reset()
+	b.WriteString("syn:\n  ports:\n")
+	for p := 1; p <= syncookie.MaxProtectedPorts; p++ {
+		fmt.Fprintf(&b, "    - port: %d\n      mode: auto\n", p)
+	}
+	if errs := parseErrors(t, b.String()); len(errs) != 0 {
+		t.Fatalf("the most ports allowed: %q", errs)
 	}
 }

@@ -329,12 +329,12 @@ func (d *Daemon) applyPorts(s *shield.Shield, want []rules.PortEntry, ch *Change
 // the config's. A port whose settings did not change is left alone, as
 // protecting it again would reset its counters and flood state.
 func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
-	ports, stats := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats)
+	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
 	keys, rotation := s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation)
-	if ports == nil || stats == nil || keys == nil || rotation == nil {
+	if ports == nil || counters == nil || keys == nil || rotation == nil {
 		return 0, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
 	}
-	cur, err := syncookie.Status(ports, stats)
+	cur, err := syncookie.Status(ports, counters)
 	if err != nil {
 		return 0, err
 	}
@@ -362,23 +362,26 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	want := map[uint16]bool{}
 	for _, p := range cfg.SYN.Ports {
 		want[p.Port] = true
-		if h, ok := have[p.Port]; ok && h.Mode == p.Mode && h.ThresholdPerSec == thresholdAsStored(p.Threshold) {
-			continue
-		}
-		if err := syncookie.Protect(ports, stats, p.Port, p.ProtectMode(), p.Threshold); err != nil {
-			return changed, err
-		}
-		d.log.Info("SYN protection set", "port", p.Port, "mode", p.Mode, "threshold_per_sec", p.Threshold)
-		changed++
 	}
+	// Removals first: they free the counters slots new ports take.
 	for _, h := range cur {
 		if !want[h.Port] {
-			if err := syncookie.Protect(ports, stats, h.Port, syncookie.ModeOff, 0); err != nil {
+			if err := syncookie.Protect(ports, counters, h.Port, syncookie.ModeOff, 0); err != nil {
 				return changed, err
 			}
 			d.log.Info("SYN protection removed", "port", h.Port)
 			changed++
 		}
+	}
+	for _, p := range cfg.SYN.Ports {
+		if h, ok := have[p.Port]; ok && h.Mode == p.Mode && h.ThresholdPerSec == thresholdAsStored(p.Threshold) {
+			continue
+		}
+		if err := syncookie.Protect(ports, counters, p.Port, p.ProtectMode(), p.Threshold); err != nil {
+			return changed, err
+		}
+		d.log.Info("SYN protection set", "port", p.Port, "mode", p.Mode, "threshold_per_sec", p.Threshold)
+		changed++
 	}
 	return changed, nil
 }

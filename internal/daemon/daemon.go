@@ -323,7 +323,7 @@ func (d *Daemon) sample() {
 		return
 	}
 	defer ports.Close()
-	stats, err := ebpf.LoadPinnedMap(filepath.Join(dir, datapath.MoatMapSynStats), &ebpf.LoadPinOptions{ReadOnly: true})
+	stats, err := ebpf.LoadPinnedMap(filepath.Join(dir, datapath.MoatMapSynCounters), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return
 	}

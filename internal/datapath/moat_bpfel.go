@@ -413,7 +413,7 @@ type MoatSynPort struct {
 	_               structs.HostLayout
 	Mode            uint8
 	Flooding        uint8
-	Pad             uint16
+	Slot            uint16
 	WindowThreshold uint32
 	LastFloodNs     uint64
 	LastChangeNs    uint64
@@ -430,8 +430,11 @@ type MoatSynPortStats struct {
 	AcceptErrors    uint64
 	SynsDropped     uint64
 	StaleKeySyns    uint64
+	SynsPassed      uint64
 	WinStartNs      uint64
 	WinSyns         uint64
+	ClockJiffies    uint64
+	ClockNs         uint64
 }
 
 type MoatVerdictCounter struct {
@@ -494,11 +497,11 @@ const (
 	MoatMapSettings                   = "settings"
 	MoatMapShape                      = "shape"
 	MoatMapShapePorts                 = "shape_ports"
+	MoatMapSynCounters                = "syn_counters"
 	MoatMapSynKeys                    = "syn_keys"
 	MoatMapSynPorts                   = "syn_ports"
 	MoatMapSynRotation                = "syn_rotation"
 	MoatMapSynSettings                = "syn_settings"
-	MoatMapSynStats                   = "syn_stats"
 	MoatProgDenySummaryOr             = "deny_summary_or"
 	MoatProgMoatFilter                = "moat_filter"
 	MoatProgMoatSynAccept             = "moat_syn_accept"
@@ -591,11 +594,11 @@ type MoatMapSpecs struct {
 	Settings         *ebpf.MapSpec `ebpf:"settings"`
 	Shape            *ebpf.MapSpec `ebpf:"shape"`
 	ShapePorts       *ebpf.MapSpec `ebpf:"shape_ports"`
+	SynCounters      *ebpf.MapSpec `ebpf:"syn_counters"`
 	SynKeys          *ebpf.MapSpec `ebpf:"syn_keys"`
 	SynPorts         *ebpf.MapSpec `ebpf:"syn_ports"`
 	SynRotation      *ebpf.MapSpec `ebpf:"syn_rotation"`
 	SynSettings      *ebpf.MapSpec `ebpf:"syn_settings"`
-	SynStats         *ebpf.MapSpec `ebpf:"syn_stats"`
 }
 
 // MoatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -660,11 +663,11 @@ type MoatMaps struct {
 	Settings         *ebpf.Map `ebpf:"settings"`
 	Shape            *ebpf.Map `ebpf:"shape"`
 	ShapePorts       *ebpf.Map `ebpf:"shape_ports"`
+	SynCounters      *ebpf.Map `ebpf:"syn_counters"`
 	SynKeys          *ebpf.Map `ebpf:"syn_keys"`
 	SynPorts         *ebpf.Map `ebpf:"syn_ports"`
 	SynRotation      *ebpf.Map `ebpf:"syn_rotation"`
 	SynSettings      *ebpf.Map `ebpf:"syn_settings"`
-	SynStats         *ebpf.Map `ebpf:"syn_stats"`
 }
 
 func (m *MoatMaps) Close() error {
@@ -701,11 +704,11 @@ func (m *MoatMaps) Close() error {
 		m.Settings,
 		m.Shape,
 		m.ShapePorts,
+		m.SynCounters,
 		m.SynKeys,
 		m.SynPorts,
 		m.SynRotation,
 		m.SynSettings,
-		m.SynStats,
 	)
 }
 

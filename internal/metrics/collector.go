@@ -126,6 +126,8 @@ var (
 		"Valid cookies whose handshake the kernel refused (bpf_sk_assign_tcp_reqsk failed).", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
+	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",
+		"SYNs left to the kernel in cookie mode: no listener in this namespace, a time-wait, request or established socket owns the tuple, stale keys, or double VLAN tags.", "port")
 	synStaleKeyDesc = desc("moat_syncookie_stale_key_syns_total",
 		"SYNs left to the kernel because the key rotation is stale (see moat_syncookie_keys_stale).", "port")
 	synFloodingDesc = desc("moat_syncookie_flooding",
@@ -196,7 +198,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		packetsDesc, bytesDesc, attachedDesc, progRunTimeDesc, progRunsDesc, bpfStatsDesc,
 		portRuleHitsDesc, entryHitsDesc, mapEntriesDesc, mapMaxEntriesDesc, mapMemoryDesc,
 		synSYNsDesc, synIssuedDesc, synAcceptedDesc, synRejectedDesc, synACKsDroppedDesc,
-		synAcceptErrorsDesc, synSYNsDroppedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
+		synAcceptErrorsDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
 		synThresholdDesc, synPortInfoDesc, keyRotationsDesc, keyRotatedDesc, keysStaleDesc,
 		rlPacketsDesc, rlBytesDesc, rlUntrackedDesc, rlTrackedDesc, rlBlocksDesc, rlBlockErrorsDesc,
 		listScanAgeDesc, scrapeSuccessDesc, scrapeDurationDesc, stateDesc,
@@ -415,7 +417,7 @@ func (c *Collector) collectSynCookie(p *pinned, ch chan<- prometheus.Metric) err
 	if err != nil {
 		return err
 	}
-	stats, err := p.mapNamed(datapath.MoatMapSynStats)
+	stats, err := p.mapNamed(datapath.MoatMapSynCounters)
 	if err != nil {
 		return err
 	}
@@ -432,14 +434,15 @@ func (c *Collector) collectSynCookie(p *pinned, ch chan<- prometheus.Metric) err
 		ch <- counter(synACKsDroppedDesc, float64(s.ACKsDropped), port)
 		ch <- counter(synAcceptErrorsDesc, float64(s.AcceptErrors), port)
 		ch <- counter(synSYNsDroppedDesc, float64(s.SYNsDropped), port)
+		ch <- counter(synSYNsPassedDesc, float64(s.SYNsPassed), port)
 		ch <- counter(synStaleKeyDesc, float64(s.StaleKeySYNs), port)
 		ch <- gauge(synFloodingDesc, boolValue(s.Flooding), port)
 		ch <- gauge(synFloodChangeDesc, unixSeconds(s.LastChange), port)
 		ch <- gauge(synThresholdDesc, float64(s.ThresholdPerSec), port)
 		ch <- gauge(synPortInfoDesc, 1, port, s.Mode)
 	}
-	ch <- gauge(mapEntriesDesc, float64(len(status)), datapath.MoatMapSynStats)
-	ch <- gauge(mapMaxEntriesDesc, float64(stats.MaxEntries()), datapath.MoatMapSynStats)
+	ch <- gauge(mapEntriesDesc, float64(len(status)), datapath.MoatMapSynCounters)
+	ch <- gauge(mapMaxEntriesDesc, float64(stats.MaxEntries()), datapath.MoatMapSynCounters)
 
 	rotation, err := p.mapNamed(datapath.MoatMapSynRotation)
 	if err != nil {

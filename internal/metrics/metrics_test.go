@@ -174,10 +174,10 @@ func setUp(t *testing.T) (s *shield.Shield, iface string, fs []sent, statsOn boo
 	if err := s.AddPortRule(rules.PortSpec{Class: rules.TCP, From: sshPort, To: sshPort}, rules.Allow); err != nil {
 		t.Fatal(err)
 	}
-	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats), synPort, syncookie.ModeAlways, 0); err != nil {
+	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), synPort, syncookie.ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats), autoPort, syncookie.ModeAuto, 1); err != nil {
+	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), autoPort, syncookie.ModeAuto, 1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := syncookie.Rotate(s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation)); err != nil {
@@ -415,7 +415,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 	want[key{"pass", "pass"}] = shield.Count{Packets: want[key{"pass", "pass"}].Packets + bs.Passed, Bytes: want[key{"pass", "pass"}].Bytes + bs.PassedBytes}
 	want[key{"drop", "budget"}] = shield.Count{Packets: bs.Dropped, Bytes: bs.DroppedBytes}
 	// SYNs to the auto port before the flood went on to the kernel: no rule.
-	if auto, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats)); err == nil && len(auto) == 2 {
+	if auto, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)); err == nil && len(auto) == 2 {
 		left := auto[1].SYNs - auto[1].CookiesIssued
 		var synLen uint64
 		for _, f := range fs {
@@ -472,7 +472,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 
 	// SYN cookies: three SYNs answered, two ACKs without a cookie dropped
 	// on the always port; a flood detected on the auto port.
-	st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynStats))
+	st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +525,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		{datapath.MoatMapAllowV6Nets, 0, float64(s.Map(datapath.MoatMapAllowV6Nets).MaxEntries())},
 		{datapath.MoatMapComments, 1, float64(s.Map(datapath.MoatMapComments).MaxEntries())},
 		{datapath.MoatMapPortRuleDefs, 2, float64(s.Map(datapath.MoatMapPortRuleDefs).MaxEntries() - 1)},
-		{datapath.MoatMapSynStats, 2, float64(s.Map(datapath.MoatMapSynStats).MaxEntries())},
+		{datapath.MoatMapSynCounters, 2, float64(s.Map(datapath.MoatMapSynCounters).MaxEntries())},
 	} {
 		got.eq(t, "moat_map_entries", gaugeT, m.entries, "map", m.name)
 		got.eq(t, "moat_map_max_entries", gaugeT, m.maxEntries, "map", m.name)

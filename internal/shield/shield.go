@@ -41,7 +41,7 @@ var sharedMaps = []string{
 	datapath.MoatMapDenySummary, datapath.MoatMapDenySummaryState,
 	datapath.MoatMapComments, datapath.MoatMapPortRules,
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
-	datapath.MoatMapSynPorts, datapath.MoatMapSynStats, datapath.MoatMapSynKeys,
+	datapath.MoatMapSynPorts, datapath.MoatMapSynCounters, datapath.MoatMapSynKeys,
 	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings,
 	datapath.MoatMapRlRules, datapath.MoatMapRlPortScopes, datapath.MoatMapRlClassScopes, datapath.MoatMapRlBudgets, datapath.MoatMapRlSources, datapath.MoatMapRlSketch, datapath.MoatMapRlStats, datapath.MoatMapRlSettings, datapath.MoatMapHhSources, datapath.MoatMapShape, datapath.MoatMapShapePorts, // rate limits (internal/ratelimit)
 	datapath.MoatMapCaptureSettings, datapath.MoatMapCaptureRing, datapath.MoatMapCaptureLost, datapath.MoatMapCaptureSeen, // packet capture (internal/capture)
@@ -91,6 +91,10 @@ func Open(root string) (*Shield, error) {
 	if err := s.openMaps(); err != nil {
 		s.Close()
 		return nil, err
+	}
+	if err := s.ensureSynSlots(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("upgrade SYN protection state: %w", err)
 	}
 	// New state, state pinned before the deny summary existed, or filters
 	// of an older moat still attached. A failure leaves the summary out of

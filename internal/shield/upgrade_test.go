@@ -3,6 +3,7 @@ package shield_test
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
+	"github.com/moat-shield/moat/internal/syncookie"
 )
 
 // TestOpenAddsMapsOfNewerVersions checks the upgrade path: state pinned by
@@ -103,4 +105,69 @@ func vethPair(t *testing.T) (string, string) {
 	}
 	t.Cleanup(func() { netlink.LinkDel(la) })
 	return a, b
+}
+
+// TestOpenMovesSynCountersIntoSlots checks the upgrade from state in which
+// SYN counters lived in a per-CPU hash keyed by port (syn_stats) and port
+// entries named no slot: Open gives each protected port a slot of
+// syn_counters, carries its counters over and unpins the old map.
+func TestOpenMovesSynCountersIntoSlots(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	ports := s.Map(datapath.MoatMapSynPorts)
+	for _, port := range []uint32{443, 22} {
+		e := datapath.MoatSynPort{Mode: uint8(syncookie.ModeAlways), WindowThreshold: 5}
+		if err := ports.Update(port, e, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUHash, KeySize: 4, ValueSize: 80, MaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer legacy.Close()
+	old := make([][10]uint64, ebpf.MustPossibleCPU())
+	old[0][0], old[0][1], old[0][7] = 7, 5, 2 // syns, cookies_issued, stale_key_syns
+	if err := legacy.Update(uint32(443), old, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	legacyPin := filepath.Join(root, "maps", "syn_stats")
+	if err := legacy.Pin(legacyPin); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(root, "maps", datapath.MoatMapSynCounters)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	for round := 0; round < 2; round++ { // the second Open finds nothing to do
+		s, err := shield.Open(root)
+		if err != nil {
+			t.Fatalf("open state with SYN counters by port: %v", err)
+		}
+		st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st) != 2 || st[0].Port != 22 || st[1].Port != 443 {
+			t.Fatalf("round %d: status %+v, want tcp/22 and tcp/443", round, st)
+		}
+		if p := st[1]; p.SYNs != 7 || p.CookiesIssued != 5 || p.StaleKeySYNs != 2 || p.Mode != "always" {
+			t.Errorf("round %d: tcp/443 %+v, want its old counters", round, p)
+		}
+		if p := st[0]; p.SYNs != 0 || p.ThresholdPerSec == 0 {
+			t.Errorf("round %d: tcp/22 %+v, want zero counters and its threshold", round, p)
+		}
+		pe, err := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pe[0].Entry.Slot == 0 || pe[1].Entry.Slot == 0 || pe[0].Entry.Slot == pe[1].Entry.Slot {
+			t.Errorf("round %d: slots %d and %d, want two distinct ones", round, pe[0].Entry.Slot, pe[1].Entry.Slot)
+		}
+		if _, err := os.Stat(legacyPin); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("round %d: the old map is still pinned (%v)", round, err)
+		}
+		s.Close()
+	}
 }

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -245,14 +245,15 @@ func Keys(rotation, settings *ebpf.Map) (KeyStatus, error) {
 
 // Protect sets the mode of a TCP port. threshold is the SYN rate per second
 // that auto mode takes for a flood (0: DefaultThreshold). Protecting a port
-// resets its counters and flood state; ModeOff removes it.
-func Protect(ports, stats *ebpf.Map, port uint16, mode Mode, threshold uint32) error {
+// resets its counters and flood state; ModeOff removes it. counters is the
+// syn_counters map: a protected port keeps its slot there, named in its
+// syn_ports entry, and a newly protected one takes a free slot.
+func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32) error {
 	key := uint32(port)
 	if mode == ModeOff {
+		// The slot is free once no port names it; its counters are
+		// cleared when it is handed out again.
 		if err := ports.Update(key, datapath.MoatSynPort{}, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("unprotect tcp/%d: %w", port, err)
-		}
-		if err := stats.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("unprotect tcp/%d: %w", port, err)
 		}
 		return nil
@@ -263,20 +264,109 @@ func Protect(ports, stats *ebpf.Map, port uint16, mode Mode, threshold uint32) e
 	if threshold == 0 {
 		threshold = DefaultThreshold
 	}
+	var cur datapath.MoatSynPort
+	if err := ports.Lookup(key, &cur); err != nil {
+		return fmt.Errorf("protect tcp/%d: %w", port, err)
+	}
+	slot := cur.Slot
+	if cur.Mode == uint8(ModeOff) || slot == 0 {
+		var err error
+		if slot, err = freeSlot(ports, counters); err != nil {
+			return fmt.Errorf("protect tcp/%d: %w", port, err)
+		}
+	}
 	// The data path counts per CPU in 100 ms windows; spread the rate
 	// evenly, as RSS spreads a spoofed flood.
 	perWindow := windowThreshold(threshold)
-	// Counters first: the data path ignores a port without them.
-	zero := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
-	if err := stats.Update(key, zero, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("protect tcp/%d: counters: %w", port, err)
+	// Counters first: the port's entry names the slot only once it is clear.
+	if err := clearSlot(counters, slot); err != nil {
+		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
-	v := datapath.MoatSynPort{Mode: uint8(mode), WindowThreshold: perWindow}
+	v := datapath.MoatSynPort{Mode: uint8(mode), WindowThreshold: perWindow, Slot: slot}
 	if err := ports.Update(key, v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
 	return nil
 }
+
+// ErrNoFreeSlot means that every slot of the counters map is taken.
+var ErrNoFreeSlot = errors.New("too many protected ports")
+
+// MaxProtectedPorts is how many ports can be protected at once: the slots
+// of syn_counters (MAX_SYN_PORTS in syn_structs.h) but slot 0.
+const MaxProtectedPorts = 1023
+
+// clearSlot zeroes a slot's counters on every CPU.
+func clearSlot(counters *ebpf.Map, slot uint16) error {
+	zero := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
+	if err := counters.Update(uint32(slot), zero, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("clear counters slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// freeSlot is the lowest slot of counters that no protected port names.
+// Slot 0 means "no counters" to the data path and is never handed out.
+func freeSlot(ports, counters *ebpf.Map) (uint16, error) {
+	protected, err := ProtectedPorts(ports)
+	if err != nil {
+		return 0, err
+	}
+	used := make(map[uint16]bool, len(protected))
+	for _, p := range protected {
+		used[p.Entry.Slot] = true
+	}
+	for slot := uint16(1); uint32(slot) < counters.MaxEntries(); slot++ {
+		if !used[slot] {
+			return slot, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: at most %d", ErrNoFreeSlot, counters.MaxEntries()-1)
+}
+
+// PortEntry is a protected port and its syn_ports entry.
+type PortEntry struct {
+	Port  uint16
+	Entry datapath.MoatSynPort
+}
+
+// ProtectedPorts reads the syn_ports array (one entry per TCP port) in
+// batches and returns the ports whose mode is not off, in port order.
+func ProtectedPorts(ports *ebpf.Map) ([]PortEntry, error) {
+	n := int(ports.MaxEntries())
+	keys := make([]uint32, n)
+	// Raw values, decoded only for protected ports: the generated struct
+	// has no layout cilium/ebpf can copy, and decoding all 65536 entries by
+	// reflection took most of the time (15 ms).
+	vals := make([]rawSynPort, n)
+	var cursor ebpf.MapBatchCursor
+	got := 0
+	for got < n {
+		c, err := ports.BatchLookup(&cursor, keys[got:], vals[got:], nil)
+		got += c
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read protected ports: %w", err)
+		}
+	}
+	var out []PortEntry
+	for i := 0; i < got; i++ {
+		if vals[i][0] == uint8(ModeOff) { // mode is the first byte of struct syn_port
+			continue
+		}
+		pe := PortEntry{Port: uint16(keys[i])}
+		if _, err := binary.Decode(vals[i][:], binary.NativeEndian, &pe.Entry); err != nil {
+			return nil, fmt.Errorf("read tcp/%d: %w", keys[i], err)
+		}
+		out = append(out, pe)
+	}
+	return out, nil
+}
+
+// rawSynPort is a syn_ports value as bytes.
+type rawSynPort [unsafe.Sizeof(datapath.MoatSynPort{})]byte
 
 // windowThreshold is a per-port rate as the data path counts it: per CPU
 // and per SYN_WINDOW_NS window. A flood is spread over the CPUs that run,
@@ -345,25 +435,24 @@ type PortStatus struct {
 	ACKsDropped     uint64    `json:"acks_dropped"`
 	AcceptErrors    uint64    `json:"accept_errors"`
 	SYNsDropped     uint64    `json:"syns_dropped"`
+	SYNsPassed      uint64    `json:"syns_passed"`
 	StaleKeySYNs    uint64    `json:"stale_key_syns"`
 }
 
-// Status reads the protected ports (those with counters), summing the
-// per-CPU counters.
-func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
+// Status reads the protected ports and sums their per-CPU counters.
+func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
 	var out []PortStatus
 	bootOffset := bootEpoch()
 	now := bootNow()
-	var key uint32
+	protected, err := ProtectedPorts(ports)
+	if err != nil {
+		return nil, err
+	}
 	var per []datapath.MoatSynPortStats
-	it := stats.Iterate()
-	for it.Next(&key, &per) {
-		var p datapath.MoatSynPort
-		if err := ports.Lookup(key, &p); err != nil {
-			return nil, fmt.Errorf("read tcp/%d: %w", key, err)
-		}
+	for _, pe := range protected {
+		p := pe.Entry
 		s := PortStatus{
-			Port:            uint16(key),
+			Port:            pe.Port,
 			Mode:            Mode(p.Mode).String(),
 			Flooding:        p.Flooding != 0,
 			ThresholdPerSec: uint64(p.WindowThreshold) * windowsPerSecond * uint64(OnlineCPUs()),
@@ -377,6 +466,15 @@ func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 			s.Flooding = false
 			s.LastChange = bootOffset.Add(time.Duration(p.FloodUntilNs))
 		}
+		if p.Slot == 0 {
+			// Protected by a moat that kept counters elsewhere; shield.Open
+			// gives it a slot.
+			out = append(out, s)
+			continue
+		}
+		if err := counters.Lookup(uint32(p.Slot), &per); err != nil {
+			return nil, fmt.Errorf("read syn counters of tcp/%d: %w", pe.Port, err)
+		}
 		for _, c := range per {
 			s.SYNs += c.Syns
 			s.CookiesIssued += c.CookiesIssued
@@ -385,14 +483,11 @@ func Status(ports, stats *ebpf.Map) ([]PortStatus, error) {
 			s.ACKsDropped += c.AcksDropped
 			s.AcceptErrors += c.AcceptErrors
 			s.SYNsDropped += c.SynsDropped
+			s.SYNsPassed += c.SynsPassed
 			s.StaleKeySYNs += c.StaleKeySyns
 		}
 		out = append(out, s)
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read syn counters: %w", err)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
 	return out, nil
 }
 

@@ -42,7 +42,7 @@ func newShielded(t *testing.T, mode Mode) *shielded {
 	if _, err := Rotate(objs.SynKeys, objs.SynRotation); err != nil {
 		t.Fatal(err)
 	}
-	if err := Protect(objs.SynPorts, objs.SynStats, labPort, mode, 0); err != nil {
+	if err := Protect(objs.SynPorts, objs.SynCounters, labPort, mode, 0); err != nil {
 		t.Fatal(err)
 	}
 	var links []link.Link
@@ -100,7 +100,7 @@ func newShielded(t *testing.T, mode Mode) *shielded {
 	// On failure, the counters say which half of the handshake broke.
 	t.Cleanup(func() {
 		if t.Failed() {
-			st, _ := Status(objs.SynPorts, objs.SynStats)
+			st, _ := Status(objs.SynPorts, objs.SynCounters)
 			t.Logf("syn status: %+v", st)
 		}
 	})
@@ -109,7 +109,7 @@ func newShielded(t *testing.T, mode Mode) *shielded {
 
 func (s *shielded) status(t *testing.T) PortStatus {
 	t.Helper()
-	st, err := Status(s.objs.SynPorts, s.objs.SynStats)
+	st, err := Status(s.objs.SynPorts, s.objs.SynCounters)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ func TestAutoModeUnderSynFlood(t *testing.T) {
 	s := newShielded(t, ModeAuto)
 	// 400 SYN/s is 20 per CPU per 100 ms window on 2 CPUs: far below what
 	// the generator sends, far above the test's own connections.
-	if err := Protect(s.objs.SynPorts, s.objs.SynStats, labPort, ModeAuto, 400); err != nil {
+	if err := Protect(s.objs.SynPorts, s.objs.SynCounters, labPort, ModeAuto, 400); err != nil {
 		t.Fatal(err)
 	}
 	if err := Configure(s.objs.SynSettings, Config{Hold: 500 * time.Millisecond}); err != nil {

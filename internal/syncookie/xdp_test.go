@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -330,7 +331,7 @@ func setup(t *testing.T) *datapath.MoatObjects {
 		port uint16
 		mode Mode
 	}{{protectedPort, ModeAlways}, {neverPort, ModeNever}, {noListenerPort, ModeAlways}} {
-		if err := Protect(objs.SynPorts, objs.SynStats, p.port, p.mode, 0); err != nil {
+		if err := Protect(objs.SynPorts, objs.SynCounters, p.port, p.mode, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -510,14 +511,101 @@ func TestSynsThatGetNoCookie(t *testing.T) {
 	}
 	drops := checkVerdicts(t, objs.MoatFilter, cases)
 	st := portStatus(t, objs, protectedPort)
-	if st.CookiesIssued != 0 || st.SYNsDropped != drops {
-		t.Errorf("status %+v: want no cookie issued and %d SYNs dropped", st, drops)
+	// Passed on the protected port: the QinQ SYN (a later fragment has no
+	// TCP header to count).
+	if st.CookiesIssued != 0 || st.SYNsDropped != drops || st.SYNsPassed != 1 {
+		t.Errorf("status %+v: want no cookie issued, %d SYNs dropped, 1 passed", st, drops)
+	}
+	if st.SYNs != st.CookiesIssued+st.SYNsDropped+st.SYNsPassed {
+		t.Errorf("status %+v: an always-mode port's SYNs are issued + dropped + passed", st)
+	}
+	if st := portStatus(t, objs, noListenerPort); st.SYNs != 2 || st.SYNsPassed != 2 || st.SYNsDropped != 0 {
+		t.Errorf("tcp/%d status %+v: want both SYNs passed to the kernel", noListenerPort, st)
+	}
+	if st := portStatus(t, objs, neverPort); st.SYNs != 1 || st.SYNsPassed != 0 {
+		t.Errorf("tcp/%d status %+v: never mode counts the SYN, passes it outside cookie mode", neverPort, st)
+	}
+}
+
+// TestCounterSlots checks how protected ports share the counters array:
+// each gets a slot of its own, cleared when handed out, reused once the
+// port is unprotected, and a port past the last slot is refused without
+// being protected.
+func TestCounterSlots(t *testing.T) {
+	objs := loadObjects(t)
+	slotOf := func(port uint16) uint16 {
+		t.Helper()
+		var e datapath.MoatSynPort
+		if err := objs.SynPorts.Lookup(uint32(port), &e); err != nil {
+			t.Fatal(err)
+		}
+		return e.Slot
+	}
+	free := int(objs.SynCounters.MaxEntries()) - 1
+	if free != MaxProtectedPorts {
+		t.Fatalf("syn_counters has %d slots for ports, MaxProtectedPorts says %d", free, MaxProtectedPorts)
+	}
+	for i := 0; i < 3; i++ {
+		if err := Protect(objs.SynPorts, objs.SynCounters, uint16(1000+i), ModeNever, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The other slots but one, taken as Protect would take them (each
+	// Protect reads all of syn_ports, about 15 ms).
+	for i := 3; i < free-1; i++ {
+		e := datapath.MoatSynPort{Mode: uint8(ModeNever), Slot: uint16(i + 1)}
+		if err := objs.SynPorts.Update(uint32(1000+i), e, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Protect(objs.SynPorts, objs.SynCounters, uint16(1000+free-1), ModeNever, 0); err != nil {
+		t.Fatalf("protect the port that takes the last slot: %v", err)
+	}
+	seen := map[uint16]bool{}
+	for i := 0; i < free; i++ {
+		slot := slotOf(uint16(1000 + i))
+		if slot == 0 || seen[slot] {
+			t.Fatalf("tcp/%d has slot %d: want a distinct, non-zero slot", 1000+i, slot)
+		}
+		seen[slot] = true
+	}
+	err := Protect(objs.SynPorts, objs.SynCounters, 9, ModeAlways, 0)
+	if !errors.Is(err, ErrNoFreeSlot) {
+		t.Fatalf("protecting one port too many: %v, want ErrNoFreeSlot", err)
+	}
+	if slotOf(9) != 0 {
+		t.Fatal("the refused port was protected")
+	}
+
+	// Counters left in a slot do not reach the next port that takes it.
+	reused := slotOf(1000)
+	dirty := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
+	dirty[0].Syns = 41
+	if err := objs.SynCounters.Update(uint32(reused), dirty, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if err := Protect(objs.SynPorts, objs.SynCounters, 1000, ModeOff, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := Protect(objs.SynPorts, objs.SynCounters, 9, ModeAlways, 0); err != nil {
+		t.Fatalf("protect after a port was freed: %v", err)
+	}
+	if slotOf(9) != reused {
+		t.Errorf("tcp/9 took slot %d, want the freed slot %d", slotOf(9), reused)
+	}
+	if st := portStatus(t, objs, 9); st.SYNs != 0 {
+		t.Errorf("tcp/9 inherited %d SYNs from the slot's last port", st.SYNs)
+	}
+	// Protecting a protected port again keeps its slot.
+	before := slotOf(1001)
+	if err := Protect(objs.SynPorts, objs.SynCounters, 1001, ModeAuto, 0); err != nil || slotOf(1001) != before {
+		t.Errorf("re-protecting tcp/1001: slot %d -> %d (%v)", before, slotOf(1001), err)
 	}
 }
 
 func TestNoCookiesWithoutKey(t *testing.T) {
 	objs := loadObjects(t)
-	if err := Protect(objs.SynPorts, objs.SynStats, protectedPort, ModeAlways, 0); err != nil {
+	if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
 	withListener(t, func() {
@@ -530,7 +618,7 @@ func TestNoCookiesWithoutKey(t *testing.T) {
 // portStatus is Status for one port.
 func portStatus(t *testing.T, objs *datapath.MoatObjects, port uint16) PortStatus {
 	t.Helper()
-	st, err := Status(objs.SynPorts, objs.SynStats)
+	st, err := Status(objs.SynPorts, objs.SynCounters)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -659,7 +747,7 @@ func TestUnwrittenKeySlotSignsNothing(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := Protect(objs.SynPorts, objs.SynStats, protectedPort, ModeAlways, 0); err != nil {
+			if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAlways, 0); err != nil {
 				t.Fatal(err)
 			}
 			withListener(t, func() {
@@ -728,7 +816,7 @@ func TestAutoModeSwitches(t *testing.T) {
 	objs := setup(t)
 	// A threshold of 1 SYN/s is 1 SYN per CPU window: the second SYN in a
 	// window is a flood.
-	if err := Protect(objs.SynPorts, objs.SynStats, protectedPort, ModeAuto, 1); err != nil {
+	if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAuto, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := Configure(objs.SynSettings, Config{Hold: 150 * time.Millisecond}); err != nil {
@@ -737,7 +825,7 @@ func TestAutoModeSwitches(t *testing.T) {
 	syn := synFrame(nil, client4, server4, testpkt.TCP{})
 	random := ackFrame(client4, server4, protectedPort, 99, 12345, false)
 	state := func() PortStatus {
-		st, err := Status(objs.SynPorts, objs.SynStats)
+		st, err := Status(objs.SynPorts, objs.SynCounters)
 		if err != nil {
 			t.Fatal(err)
 		}
