@@ -23,7 +23,7 @@ struct {
  * lookup. The control plane clears a slot before it hands it out. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MAX_SYN_PORTS);
+	__uint(max_entries, MAX_SYN_PORTS + 1);
 	__type(key, __u32);
 	__type(value, struct syn_port_stats);
 } syn_counters SEC(".maps");

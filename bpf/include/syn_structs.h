@@ -6,8 +6,8 @@
 
 #include <linux/types.h>
 
-/* Slots of the counters map: slot 0 means "no counters", so at most
- * MAX_SYN_PORTS - 1 ports are protected at once. */
+/* How many ports may be protected at once: the counters map has a slot
+ * for each, plus slot 0, which means "no counters". */
 #ifndef MAX_SYN_PORTS
 #define MAX_SYN_PORTS 1024
 #endif
@@ -80,8 +80,8 @@ enum syn_mode {
 struct syn_port {
 	__u8 mode;     /* enum syn_mode */
 	__u8 flooding; /* auto mode: cookies are being issued */
-	/* The port's slot in syn_counters, 1 to MAX_SYN_PORTS - 1; 0: none,
-	 * and the data path leaves the port alone. */
+	/* The port's slot in syn_counters, 1 to MAX_SYN_PORTS; 0: none, and
+	 * the data path leaves the port alone. */
 	__u16 slot;
 	__u32 window_threshold; /* SYNs per CPU per SYN_WINDOW_NS that mean a flood */
 	__u64 last_flood_ns;    /* last time a CPU saw its window go over the threshold */
@@ -107,7 +107,9 @@ struct syn_port_stats {
 				 * overdue (see syn_config.rotation_period_ns) */
 	__u64 syns_passed;      /* cookie mode: SYNs left to the kernel (no listener
 				 * here, a time-wait, request or established socket
-				 * owns the tuple, stale keys, double VLAN tags) */
+				 * owns the tuple, no key or stale keys (these also in
+				 * stale_key_syns), double VLAN tags, a frame moat
+				 * could not rewrite) */
 	__u64 win_start_ns;
 	__u64 win_syns;
 	/* The SYN path's clock (syn_clock): CLOCK_BOOTTIME as read at the

@@ -137,11 +137,11 @@ static __always_inline struct syn_port_stats *syn_counters_of(const struct syn_p
  * plain load once the verifier inlines it. */
 static __always_inline __u64 syn_clock(struct syn_port_stats *st, struct packet *p)
 {
-	__u64 j;
+	__u64 j = bpf_jiffies64();
 
-	if (p->now)
-		return p->now;
-	j = bpf_jiffies64();
+	/* The cached value even when this packet has read the clock (a rate
+	 * limit, a sample): within one jiffy the SYN path's time never goes
+	 * back. */
 	if (st->clock_jiffies != j || !st->clock_ns) {
 		st->clock_jiffies = j;
 		st->clock_ns = packet_now(p);
@@ -334,7 +334,8 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
 /* Auto mode: counts the SYN in this CPU's window and says whether the
  * port is in cookie mode. Each CPU writes the shared port entry at most
  * once per window while a flood lasts, so detection costs a SYN a per-CPU
- * counter and a clock read. */
+ * counter and the SYN path's clock (syn_clock: a load per SYN, a clock read
+ * per jiffy). */
 static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_stats *st,
 					const struct syn_config *cfg, __u64 now)
 {

@@ -119,6 +119,13 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if m != syncookie.ModeOff {
+				// All or nothing: refuse before the first port if the
+				// slots cannot hold the ports not yet protected.
+				if err := checkSlots(sm, ports); err != nil {
+					return err
+				}
+			}
 			// The first protection installs a key: without one the data
 			// path issues no cookies.
 			gen, err := syncookie.Generation(sm.rotation)
@@ -130,13 +137,6 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if err := syncookie.Configure(sm.settings, syncookie.Config{ECN: syncookie.ECNEnabled()}); err != nil {
-					return err
-				}
-			}
-			if m != syncookie.ModeOff {
-				// All or nothing: refuse before the first port if the
-				// slots cannot hold the ports not yet protected.
-				if err := checkSlots(sm, ports); err != nil {
 					return err
 				}
 			}
@@ -191,12 +191,24 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var warnings []string
+			if s.SynErr != nil {
+				warnings = append(warnings, fmt.Sprintf("some protected ports have no counters slot, and moat leaves their SYNs to the kernel: %v", s.SynErr))
+			}
+			if s.SynOlderFilter != "" {
+				warnings = append(warnings, fmt.Sprintf("%s runs an older moat filter, which counts in its own map and protects only the ports it was given; "+
+					"run `moat attach %s` to load this version's", s.SynOlderFilter, s.SynOlderFilter))
+			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), struct {
 					syncookie.KeyStatus
 					RotationPeriodSeconds float64                `json:"rotation_period_seconds"`
 					Ports                 []syncookie.PortStatus `json:"ports"`
-				}{keys, keys.Period.Seconds(), ports})
+					Warnings              []string               `json:"warnings,omitempty"`
+				}{keys, keys.Period.Seconds(), ports, warnings})
+			}
+			for _, w := range warnings {
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w)
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "key rotations: %d", keys.Rotations)

@@ -491,6 +491,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		got.eq(t, "moat_syncookie_acks_dropped_total", counterT, float64(p.ACKsDropped), "port", port)
 		got.eq(t, "moat_syncookie_accept_errors_total", counterT, float64(p.AcceptErrors), "port", port)
 		got.eq(t, "moat_syncookie_syns_dropped_total", counterT, float64(p.SYNsDropped), "port", port)
+		got.eq(t, "moat_syncookie_syns_passed_total", counterT, float64(p.SYNsPassed), "port", port)
 		got.eq(t, "moat_syncookie_stale_key_syns_total", counterT, float64(p.StaleKeySYNs), "port", port)
 		got.eq(t, "moat_syncookie_flood_threshold_syns_per_second", gaugeT, float64(p.ThresholdPerSec), "port", port)
 		got.eq(t, "moat_syncookie_port_info", gaugeT, 1, "port", port, "mode", p.Mode)
@@ -525,7 +526,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		{datapath.MoatMapAllowV6Nets, 0, float64(s.Map(datapath.MoatMapAllowV6Nets).MaxEntries())},
 		{datapath.MoatMapComments, 1, float64(s.Map(datapath.MoatMapComments).MaxEntries())},
 		{datapath.MoatMapPortRuleDefs, 2, float64(s.Map(datapath.MoatMapPortRuleDefs).MaxEntries() - 1)},
-		{datapath.MoatMapSynCounters, 2, float64(s.Map(datapath.MoatMapSynCounters).MaxEntries())},
+		{datapath.MoatMapSynCounters, 2, float64(syncookie.MaxProtectedPorts)},
 	} {
 		got.eq(t, "moat_map_entries", gaugeT, m.entries, "map", m.name)
 		got.eq(t, "moat_map_max_entries", gaugeT, m.maxEntries, "map", m.name)

@@ -114,7 +114,7 @@ func (s *Shield) Attach(name string, mode Mode) (AttachResult, error) {
 		return res, err
 	}
 	// The filter replaced may have been the last of an older moat.
-	return res, s.ensureSummary()
+	return res, errors.Join(s.ensureSummary(), s.ensureSynSlots())
 }
 
 func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
@@ -293,7 +293,7 @@ func (s *Shield) Detach(name string) error {
 	if _, err := os.Stat(s.root); err != nil {
 		return nil // the last detach removed the state
 	}
-	return s.ensureSummary()
+	return errors.Join(s.ensureSummary(), s.ensureSynSlots())
 }
 
 func (s *Shield) detach(name string) error {

@@ -71,6 +71,14 @@ type Shield struct {
 	// SummaryErr is why Open could not bring the deny summary into use,
 	// if it could not.
 	SummaryErr error
+	// SynErr is why Open could not give every protected port a counters
+	// slot (state of an older moat), if it could not; such ports are
+	// left to the kernel until it can.
+	SynErr error
+	// SynOlderFilter names an interface whose filter is an older moat's,
+	// which keeps SYN counters in the old map (and protects only the ports
+	// it knows), until `moat attach` replaces it.
+	SynOlderFilter string
 }
 
 // Open opens the pinned state under root, creating the shared maps if they
@@ -92,10 +100,9 @@ func Open(root string) (*Shield, error) {
 		s.Close()
 		return nil, err
 	}
-	if err := s.ensureSynSlots(); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("upgrade SYN protection state: %w", err)
-	}
+	// Like the summary's, a failure here must not stop commands such as
+	// detach; syn status reports it.
+	s.SynErr = s.ensureSynSlots()
 	// New state, state pinned before the deny summary existed, or filters
 	// of an older moat still attached. A failure leaves the summary out of
 	// use, which costs lookups, not verdicts: commands such as detach must

@@ -117,7 +117,13 @@ func (s *Shield) SummaryInUse() (uint32, error) {
 // one loaded against a summary map that has since been replaced. Such a
 // filter adds auto-blocks without their bits, so no family may be ready.
 func (s *Shield) olderFilterAttached() (string, error) {
-	info, err := s.maps[datapath.MoatMapDenySummary].Info()
+	return s.filterWithout(datapath.MoatMapDenySummary)
+}
+
+// filterWithout names an interface whose pinned filter does not use this
+// state's shared map name (an older moat's filter), or returns "".
+func (s *Shield) filterWithout(name string) (string, error) {
+	info, err := s.maps[name].Info()
 	if err != nil {
 		return "", err
 	}

@@ -27,8 +27,12 @@ type legacySynPortStats struct {
 // ensureSynSlots gives a counters slot to every protected port that has
 // none, which is how state pinned before syn_counters existed looks: the
 // data path leaves such a port alone. The counters the old map kept come
-// along, and its pin goes once every port has a slot.
+// along. The old map's pin goes once no attached filter is an older moat's;
+// until then every protected port gets an entry there too, so that such a
+// filter protects it, and SynOlderFilter names the interface. Open, Attach
+// and Detach call it.
 func (s *Shield) ensureSynSlots() error {
+	s.SynOlderFilter = ""
 	legacyPath := filepath.Join(s.mapsDir(), legacySynStats)
 	legacy, err := ebpf.LoadPinnedMap(legacyPath, nil)
 	if errors.Is(err, os.ErrNotExist) {
@@ -84,8 +88,32 @@ func (s *Shield) ensureSynSlots() error {
 		}
 		used[slot] = true
 	}
+	older, err := s.filterWithout(datapath.MoatMapSynCounters)
+	if err != nil {
+		return err
+	}
+	if older != "" {
+		s.SynOlderFilter = older
+		return keepLegacyEntries(legacy, protected)
+	}
 	if err := os.Remove(legacyPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove %s: %w", legacySynStats, err)
+	}
+	return nil
+}
+
+// keepLegacyEntries gives every protected port an entry in the old
+// counters map: an older filter protects only ports it finds there.
+func keepLegacyEntries(legacy *ebpf.Map, protected []syncookie.PortEntry) error {
+	zero := make([][]byte, ebpf.MustPossibleCPU())
+	for i := range zero {
+		zero[i] = make([]byte, legacy.ValueSize())
+	}
+	for _, p := range protected {
+		err := legacy.Update(uint32(p.Port), zero, ebpf.UpdateNoExist)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("keep tcp/%d in %s: %w", p.Port, legacySynStats, err)
+		}
 	}
 	return nil
 }

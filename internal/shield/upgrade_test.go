@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 
 	"github.com/moat-shield/moat/internal/datapath"
@@ -170,4 +171,70 @@ func TestOpenMovesSynCountersIntoSlots(t *testing.T) {
 		}
 		s.Close()
 	}
+}
+
+// TestOlderFilterKeepsTheOldSynCounters checks the upgrade while a filter
+// of the older moat is still attached: the old counters map stays pinned,
+// a port protected after the upgrade gets an entry there too (the older
+// filter protects only ports it finds in it), Open names the interface,
+// and replacing the filter removes the old map.
+func TestOlderFilterKeepsTheOldSynCounters(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	older, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, xdpPass), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	pin := filepath.Join(root, "ifaces", a, "prog")
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	legacy, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUHash, KeySize: 4, ValueSize: 80, MaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer legacy.Close()
+	legacyPin := filepath.Join(root, "maps", "syn_stats")
+	if err := legacy.Pin(legacyPin); err != nil {
+		t.Fatal(err)
+	}
+	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
+	if err := syncookie.Protect(ports, counters, 8443, syncookie.ModeAlways, 0); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.SynOlderFilter != a || s.SynErr != nil {
+		t.Fatalf("older filter %q (error %v), want %s named", s.SynOlderFilter, s.SynErr, a)
+	}
+	if _, err := os.Stat(legacyPin); err != nil {
+		t.Fatalf("the old map was unpinned while an older filter uses it: %v", err)
+	}
+	var per [][]byte
+	if err := legacy.Lookup(uint32(8443), &per); err != nil {
+		t.Fatalf("tcp/8443 has no entry in the old map, so the older filter would not protect it: %v", err)
+	}
+	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
+		t.Fatal(err)
+	}
+	if s.SynOlderFilter != "" {
+		t.Errorf("after replacing the filter, older filter %q still named", s.SynOlderFilter)
+	}
+	if _, err := os.Stat(legacyPin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the old map is still pinned after the older filter was replaced (%v)", err)
+	}
+	s.Close()
 }

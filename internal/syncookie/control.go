@@ -292,9 +292,9 @@ func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32
 // ErrNoFreeSlot means that every slot of the counters map is taken.
 var ErrNoFreeSlot = errors.New("too many protected ports")
 
-// MaxProtectedPorts is how many ports can be protected at once: the slots
-// of syn_counters (MAX_SYN_PORTS in syn_structs.h) but slot 0.
-const MaxProtectedPorts = 1023
+// MaxProtectedPorts is how many ports can be protected at once
+// (MAX_SYN_PORTS in syn_structs.h): the slots of syn_counters but slot 0.
+const MaxProtectedPorts = 1024
 
 // clearSlot zeroes a slot's counters on every CPU.
 func clearSlot(counters *ebpf.Map, slot uint16) error {
