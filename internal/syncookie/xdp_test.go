@@ -867,3 +867,35 @@ func TestAutoModeSwitches(t *testing.T) {
 		t.Fatalf("status %+v", s)
 	}
 }
+
+// TestPortWithoutSlotIsLeftAlone checks the data path's side of slots: a
+// port whose entry names no counters slot (state of an older moat before
+// Open gives it one) gets no cookie and no count; with a slot it does.
+func TestPortWithoutSlotIsLeftAlone(t *testing.T) {
+	objs := setup(t)
+	syn := synFrame(nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(1460)}})
+	var e datapath.MoatSynPort
+	if err := objs.SynPorts.Lookup(uint32(protectedPort), &e); err != nil {
+		t.Fatal(err)
+	}
+	slot := e.Slot
+	e.Slot = 0
+	if err := objs.SynPorts.Update(uint32(protectedPort), e, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	withListener(t, func() {
+		if ret, _ := run(t, objs.MoatFilter, syn); ret != 2 {
+			t.Errorf("SYN to a port without a slot: verdict %d, want XDP_PASS", ret)
+		}
+		e.Slot = slot
+		if err := objs.SynPorts.Update(uint32(protectedPort), e, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+		if ret, _ := run(t, objs.MoatFilter, syn); ret != 3 {
+			t.Errorf("SYN once the port has its slot: verdict %d, want XDP_TX", ret)
+		}
+	})
+	if st := portStatus(t, objs, protectedPort); st.SYNs != 1 || st.CookiesIssued != 1 {
+		t.Errorf("status %+v: want only the SYN after the slot counted", st)
+	}
+}
