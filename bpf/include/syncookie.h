@@ -776,14 +776,12 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	port = bpf_map_lookup_elem(&syn_ports, &key);
 	if (!port || port->mode == SYN_MODE_OFF)
 		return SYN_CONTINUE;
-	st = syn_counters_of(port);
-	if (!st)
-		return SYN_CONTINUE;
 	flags = p->tcp_flags;
 
 	if ((flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN) {
+		st = syn_counters_of(port);
 		cfg = syn_get_config();
-		if (!cfg)
+		if (!st || !cfg)
 			return SYN_CONTINUE;
 		st->syns++;
 		if (port->mode == SYN_MODE_NEVER)
@@ -798,10 +796,15 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	}
 
 	/* ACK filtering costs a socket lookup per packet, so it runs only
-	 * while cookies are being issued. */
+	 * while cookies are being issued; established traffic otherwise pays
+	 * the port's entry and nothing more. */
 	if ((flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) == TCPF_ACK &&
-	    (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding)))
+	    (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding))) {
+		st = syn_counters_of(port);
+		if (!st)
+			return SYN_CONTINUE;
 		return syn_check_ack(ctx, p, st, syn_clock(st, p));
+	}
 	return SYN_CONTINUE;
 }
 
