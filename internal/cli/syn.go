@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -309,24 +310,11 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 // checkSlots fails with a user error if protecting ports would need more
 // counters slots than are free.
 func checkSlots(sm synMaps, ports []uint16) error {
-	protected, err := syncookie.ProtectedPorts(sm.ports)
-	if err != nil {
-		return err
-	}
-	have := map[uint16]bool{}
-	for _, p := range protected {
-		have[p.Port] = true
-	}
-	need := 0
-	for _, p := range ports {
-		if !have[p] {
-			have[p] = true
-			need++
+	if err := syncookie.CheckRoom(sm.ports, sm.counters, ports); err != nil {
+		if errors.Is(err, syncookie.ErrNoFreeSlot) {
+			return &shield.UserError{Err: err}
 		}
-	}
-	limit := int(sm.counters.MaxEntries()) - 1
-	if len(protected)+need > limit {
-		return &shield.UserError{Err: fmt.Errorf("%w: at most %d, %d protected now, %d more asked", syncookie.ErrNoFreeSlot, limit, len(protected), need)}
+		return err
 	}
 	return nil
 }

@@ -324,6 +324,32 @@ func freeSlot(ports, counters *ebpf.Map) (uint16, error) {
 	return 0, fmt.Errorf("%w: at most %d", ErrNoFreeSlot, counters.MaxEntries()-1)
 }
 
+// CheckRoom fails with ErrNoFreeSlot if protecting ports would need more
+// slots than are free (ports already protected keep theirs), so that a
+// caller can refuse a set of ports before protecting any of them.
+func CheckRoom(ports, counters *ebpf.Map, want []uint16) error {
+	protected, err := ProtectedPorts(ports)
+	if err != nil {
+		return err
+	}
+	have := map[uint16]bool{}
+	for _, p := range protected {
+		have[p.Port] = true
+	}
+	need := 0
+	for _, p := range want {
+		if !have[p] {
+			have[p] = true
+			need++
+		}
+	}
+	limit := int(counters.MaxEntries()) - 1
+	if len(protected)+need > limit {
+		return fmt.Errorf("%w: at most %d, %d protected now, %d more asked", ErrNoFreeSlot, limit, len(protected), need)
+	}
+	return nil
+}
+
 // PortEntry is a protected port and its syn_ports entry.
 type PortEntry struct {
 	Port  uint16
