@@ -120,10 +120,14 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			table, err := syncookie.ReadPortTable(sm.ports, sm.counters)
+			if err != nil {
+				return err
+			}
 			if m != syncookie.ModeOff {
 				// All or nothing: refuse before the first port if the
 				// slots cannot hold the ports not yet protected.
-				if err := checkSlots(sm, ports); err != nil {
+				if err := checkSlots(table, ports); err != nil {
 					return err
 				}
 			}
@@ -142,7 +146,7 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				}
 			}
 			for _, p := range ports {
-				if err := syncookie.Protect(sm.ports, sm.counters, p, m, threshold); err != nil {
+				if err := table.Protect(p, m, threshold); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "tcp/%d: %s\n", p, m)
@@ -309,8 +313,8 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 
 // checkSlots fails with a user error if protecting ports would need more
 // counters slots than are free.
-func checkSlots(sm synMaps, ports []uint16) error {
-	if err := syncookie.CheckRoom(sm.ports, sm.counters, ports); err != nil {
+func checkSlots(table *syncookie.PortTable, ports []uint16) error {
+	if err := table.CheckRoom(ports); err != nil {
 		if errors.Is(err, syncookie.ErrNoFreeSlot) {
 			return &shield.UserError{Err: err}
 		}

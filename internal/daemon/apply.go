@@ -363,10 +363,15 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	for _, p := range cfg.SYN.Ports {
 		want[p.Port] = true
 	}
+	// One read of syn_ports for the whole change, not one per port.
+	table, err := syncookie.ReadPortTable(ports, counters)
+	if err != nil {
+		return 0, err
+	}
 	// Removals first: they free the counters slots new ports take.
 	for _, h := range cur {
 		if !want[h.Port] {
-			if err := syncookie.Protect(ports, counters, h.Port, syncookie.ModeOff, 0); err != nil {
+			if err := table.Protect(h.Port, syncookie.ModeOff, 0); err != nil {
 				return changed, err
 			}
 			d.log.Info("SYN protection removed", "port", h.Port)
@@ -377,7 +382,7 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 		if h, ok := have[p.Port]; ok && h.Mode == p.Mode && h.ThresholdPerSec == thresholdAsStored(p.Threshold) {
 			continue
 		}
-		if err := syncookie.Protect(ports, counters, p.Port, p.ProtectMode(), p.Threshold); err != nil {
+		if err := table.Protect(p.Port, p.ProtectMode(), p.Threshold); err != nil {
 			return changed, err
 		}
 		d.log.Info("SYN protection set", "port", p.Port, "mode", p.Mode, "threshold_per_sec", p.Threshold)

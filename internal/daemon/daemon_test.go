@@ -19,14 +19,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/flood"
 	"github.com/moat-shield/moat/internal/lab"
 	"github.com/moat-shield/moat/internal/ratelimit"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/state"
+	"github.com/moat-shield/moat/internal/syncookie"
 )
 
 // moatBin is the moat binary, built once: the daemon runs as a real
@@ -779,5 +782,112 @@ func TestManagedRootRefusesDirectChanges(t *testing.T) {
 	}
 	if r := e.moat("block", "203.0.113.9"); r.code != 0 || !strings.Contains(r.stderr, "via moat daemon") {
 		t.Errorf("block through the daemon: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestSYNPortsFromConfig checks the config's SYN ports: every one is
+// protected with a counters slot of its own, a reload that replaces all
+// of them (as many as there are slots) frees the old slots for the new
+// ports, and a port whose settings stay the same keeps its slot and its
+// counters.
+func TestSYNPortsFromConfig(t *testing.T) {
+	e := newEnv(t)
+	synConfig := func(first int, mode string) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "interfaces:\n  - name: %s\nsyn:\n  ports:\n", e.attackerIf())
+		// tcp/80 in both configs, unchanged; the rest fill the slots.
+		b.WriteString("    - port: 80\n      mode: auto\n")
+		for p := first; p < first+syncookie.MaxProtectedPorts-1; p++ {
+			fmt.Fprintf(&b, "    - port: %d\n      mode: %s\n", p, mode)
+		}
+		return b.String()
+	}
+	protected := func() map[uint16]datapath.MoatSynPort {
+		t.Helper()
+		s, err := shield.Open(e.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ps, err := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint16]datapath.MoatSynPort{}
+		slots := map[uint16]uint16{}
+		for _, p := range ps {
+			if other, taken := slots[p.Entry.Slot]; p.Entry.Slot == 0 || taken {
+				t.Fatalf("tcp/%d has counters slot %d (also tcp/%d's): want a distinct, non-zero slot", p.Port, p.Entry.Slot, other)
+			}
+			slots[p.Entry.Slot] = p.Port
+			out[p.Port] = p.Entry
+		}
+		return out
+	}
+	check := func(when string, first int, mode syncookie.Mode) map[uint16]datapath.MoatSynPort {
+		t.Helper()
+		got := protected()
+		if len(got) != syncookie.MaxProtectedPorts {
+			t.Fatalf("%s: %d ports protected, want %d", when, len(got), syncookie.MaxProtectedPorts)
+		}
+		for p := first; p < first+syncookie.MaxProtectedPorts-1; p++ {
+			if e, ok := got[uint16(p)]; !ok || e.Mode != uint8(mode) {
+				t.Fatalf("%s: tcp/%d is %+v (protected: %v), want mode %s", when, p, e, ok, mode)
+			}
+		}
+		if e, ok := got[80]; !ok || e.Mode != uint8(syncookie.ModeAuto) {
+			t.Fatalf("%s: tcp/80 is %+v (protected: %v), want mode auto", when, e, ok)
+		}
+		return got
+	}
+
+	e.writeConfig(synConfig(20000, "auto"))
+	e.start()
+	first := check("after start", 20000, syncookie.ModeAuto)
+
+	// Counters of the port that stays: a reload must not reset them.
+	s, err := shield.Open(e.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
+	marked[0].Syns = 77
+	err = s.Map(datapath.MoatMapSynCounters).Update(uint32(first[80].Slot), marked, ebpf.UpdateAny)
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e.writeConfig(synConfig(30000, "always"))
+	reloads := strings.Count(e.log.String(), "msg=reloaded")
+	e.daemon.Process.Signal(syscall.SIGHUP)
+	for deadline := time.Now().Add(20 * time.Second); strings.Count(e.log.String(), "msg=reloaded") == reloads; {
+		if time.Now().After(deadline) || strings.Contains(e.log.String(), "level=ERROR") {
+			t.Fatalf("no reload after SIGHUP:\n%s", e.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	second := check("after the reload", 30000, syncookie.ModeAlways)
+	if second[80].Slot != first[80].Slot {
+		t.Errorf("tcp/80 moved from slot %d to %d though its settings stayed", first[80].Slot, second[80].Slot)
+	}
+	r := e.mustMoat("syn", "status", "--json")
+	var st struct {
+		Ports []syncookie.PortStatus `json:"ports"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("syn status --json: %v\n%s", err, r.stdout)
+	}
+	seen := false
+	for _, p := range st.Ports {
+		if p.Port == 80 {
+			seen = true
+			if p.SYNs != 77 {
+				t.Errorf("tcp/80 counts %d SYNs after the reload, want the 77 it had", p.SYNs)
+			}
+		}
+	}
+	if !seen || len(st.Ports) != syncookie.MaxProtectedPorts {
+		t.Errorf("syn status lists %d ports (tcp/80 among them: %v), want %d", len(st.Ports), seen, syncookie.MaxProtectedPorts)
 	}
 }

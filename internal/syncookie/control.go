@@ -243,18 +243,68 @@ func Keys(rotation, settings *ebpf.Map) (KeyStatus, error) {
 	return ks, nil
 }
 
+// Protect sets the mode of one TCP port; see PortTable.Protect. It reads
+// all of syn_ports to find a free counters slot: a caller that sets many
+// ports reads them once, with ReadPortTable.
+func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32) error {
+	t, err := ReadPortTable(ports, counters)
+	if err != nil {
+		return err
+	}
+	return t.Protect(port, mode, threshold)
+}
+
+// PortTable is the protected ports and the counters slots they hold, read
+// once from syn_ports, and the maps to change them in. It stays true only
+// while its holder is the only writer: shield.Open's lock makes it so.
+// Reading syn_ports costs about 15 ms (the kernel copies the 65536 entries
+// one by one), so a change of many ports uses one table for all of them.
+type PortTable struct {
+	ports, counters *ebpf.Map
+	entries         map[uint16]datapath.MoatSynPort // protected ports only
+	slots           map[uint16]uint16               // slot -> port
+}
+
+// ReadPortTable reads the protected ports of syn_ports.
+func ReadPortTable(ports, counters *ebpf.Map) (*PortTable, error) {
+	protected, err := ProtectedPorts(ports)
+	if err != nil {
+		return nil, err
+	}
+	t := &PortTable{
+		ports:    ports,
+		counters: counters,
+		entries:  make(map[uint16]datapath.MoatSynPort, len(protected)),
+		slots:    make(map[uint16]uint16, len(protected)),
+	}
+	for _, p := range protected {
+		t.entries[p.Port] = p.Entry
+		if p.Entry.Slot != 0 {
+			t.slots[p.Entry.Slot] = p.Port
+		}
+	}
+	return t, nil
+}
+
 // Protect sets the mode of a TCP port. threshold is the SYN rate per second
 // that auto mode takes for a flood (0: DefaultThreshold). Protecting a port
-// resets its counters and flood state; ModeOff removes it. counters is the
-// syn_counters map: a protected port keeps its slot there, named in its
-// syn_ports entry, and a newly protected one takes a free slot.
-func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32) error {
+// resets its counters and flood state; ModeOff removes it. A protected port
+// keeps its slot of syn_counters, named in its syn_ports entry; a newly
+// protected one takes the lowest free slot.
+func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
 	key := uint32(port)
+	cur, protected := t.entries[port]
 	if mode == ModeOff {
 		// The slot is free once no port names it; its counters are
 		// cleared when it is handed out again.
-		if err := ports.Update(key, datapath.MoatSynPort{}, ebpf.UpdateAny); err != nil {
+		if err := t.ports.Update(key, datapath.MoatSynPort{}, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("unprotect tcp/%d: %w", port, err)
+		}
+		if protected {
+			delete(t.entries, port)
+			if t.slots[cur.Slot] == port {
+				delete(t.slots, cur.Slot)
+			}
 		}
 		return nil
 	}
@@ -264,14 +314,10 @@ func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32
 	if threshold == 0 {
 		threshold = DefaultThreshold
 	}
-	var cur datapath.MoatSynPort
-	if err := ports.Lookup(key, &cur); err != nil {
-		return fmt.Errorf("protect tcp/%d: %w", port, err)
-	}
 	slot := cur.Slot
-	if cur.Mode == uint8(ModeOff) || slot == 0 {
+	if !protected || slot == 0 {
 		var err error
-		if slot, err = freeSlot(ports, counters); err != nil {
+		if slot, err = t.freeSlot(); err != nil {
 			return fmt.Errorf("protect tcp/%d: %w", port, err)
 		}
 	}
@@ -279,13 +325,15 @@ func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32
 	// evenly, as RSS spreads a spoofed flood.
 	perWindow := windowThreshold(threshold)
 	// Counters first: the port's entry names the slot only once it is clear.
-	if err := clearSlot(counters, slot); err != nil {
+	if err := clearSlot(t.counters, slot); err != nil {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
 	v := datapath.MoatSynPort{Mode: uint8(mode), WindowThreshold: perWindow, Slot: slot}
-	if err := ports.Update(key, v, ebpf.UpdateAny); err != nil {
+	if err := t.ports.Update(key, v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
+	t.entries[port] = v
+	t.slots[slot] = port
 	return nil
 }
 
@@ -307,45 +355,30 @@ func clearSlot(counters *ebpf.Map, slot uint16) error {
 
 // freeSlot is the lowest slot of counters that no protected port names.
 // Slot 0 means "no counters" to the data path and is never handed out.
-func freeSlot(ports, counters *ebpf.Map) (uint16, error) {
-	protected, err := ProtectedPorts(ports)
-	if err != nil {
-		return 0, err
-	}
-	used := make(map[uint16]bool, len(protected))
-	for _, p := range protected {
-		used[p.Entry.Slot] = true
-	}
-	for slot := uint16(1); uint32(slot) < counters.MaxEntries(); slot++ {
-		if !used[slot] {
+func (t *PortTable) freeSlot() (uint16, error) {
+	for slot := uint16(1); uint32(slot) < t.counters.MaxEntries(); slot++ {
+		if _, taken := t.slots[slot]; !taken {
 			return slot, nil
 		}
 	}
-	return 0, fmt.Errorf("%w: at most %d", ErrNoFreeSlot, counters.MaxEntries()-1)
+	return 0, fmt.Errorf("%w: at most %d", ErrNoFreeSlot, t.counters.MaxEntries()-1)
 }
 
 // CheckRoom fails with ErrNoFreeSlot if protecting ports would need more
 // slots than are free (ports already protected keep theirs), so that a
 // caller can refuse a set of ports before protecting any of them.
-func CheckRoom(ports, counters *ebpf.Map, want []uint16) error {
-	protected, err := ProtectedPorts(ports)
-	if err != nil {
-		return err
-	}
-	have := map[uint16]bool{}
-	for _, p := range protected {
-		have[p.Port] = true
-	}
+func (t *PortTable) CheckRoom(want []uint16) error {
 	need := 0
+	seen := map[uint16]bool{}
 	for _, p := range want {
-		if !have[p] {
-			have[p] = true
+		if e, ok := t.entries[p]; (!ok || e.Slot == 0) && !seen[p] {
+			seen[p] = true
 			need++
 		}
 	}
-	limit := int(counters.MaxEntries()) - 1
-	if len(protected)+need > limit {
-		return fmt.Errorf("%w: at most %d, %d protected now, %d more asked", ErrNoFreeSlot, limit, len(protected), need)
+	limit := int(t.counters.MaxEntries()) - 1
+	if len(t.slots)+need > limit {
+		return fmt.Errorf("%w: at most %d, %d protected now, %d more asked", ErrNoFreeSlot, limit, len(t.slots), need)
 	}
 	return nil
 }

@@ -550,16 +550,26 @@ func TestCounterSlots(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The other slots but one, taken as Protect would take them (each
-	// Protect reads all of syn_ports, about 15 ms).
-	for i := 3; i < free-1; i++ {
-		e := datapath.MoatSynPort{Mode: uint8(ModeNever), Slot: uint16(i + 1)}
-		if err := objs.SynPorts.Update(uint32(1000+i), e, ebpf.UpdateAny); err != nil {
-			t.Fatal(err)
-		}
+	// The other slots, through one table as the CLI and the daemon change
+	// many ports: it must see the slots it hands out itself.
+	table, err := ReadPortTable(objs.SynPorts, objs.SynCounters)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := Protect(objs.SynPorts, objs.SynCounters, uint16(1000+free-1), ModeNever, 0); err != nil {
-		t.Fatalf("protect the port that takes the last slot: %v", err)
+	var rest []uint16
+	for i := 3; i < free; i++ {
+		rest = append(rest, uint16(1000+i))
+	}
+	if err := table.CheckRoom(append(rest, 1000, 1000+uint16(free-1))); err != nil {
+		t.Fatalf("room for the ports that fill the slots (and ports already protected): %v", err)
+	}
+	if err := table.CheckRoom(append(rest, 9)); !errors.Is(err, ErrNoFreeSlot) {
+		t.Fatalf("room for one port too many: %v, want ErrNoFreeSlot", err)
+	}
+	for _, p := range rest {
+		if err := table.Protect(p, ModeNever, 0); err != nil {
+			t.Fatalf("protect tcp/%d: %v", p, err)
+		}
 	}
 	seen := map[uint16]bool{}
 	for i := 0; i < free; i++ {
@@ -569,7 +579,10 @@ func TestCounterSlots(t *testing.T) {
 		}
 		seen[slot] = true
 	}
-	err := Protect(objs.SynPorts, objs.SynCounters, 9, ModeAlways, 0)
+	if err := table.Protect(9, ModeAlways, 0); !errors.Is(err, ErrNoFreeSlot) {
+		t.Fatalf("protecting one port too many through the table: %v, want ErrNoFreeSlot", err)
+	}
+	err = Protect(objs.SynPorts, objs.SynCounters, 9, ModeAlways, 0)
 	if !errors.Is(err, ErrNoFreeSlot) {
 		t.Fatalf("protecting one port too many: %v, want ErrNoFreeSlot", err)
 	}
@@ -584,10 +597,11 @@ func TestCounterSlots(t *testing.T) {
 	if err := objs.SynCounters.Update(uint32(reused), dirty, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
-	if err := Protect(objs.SynPorts, objs.SynCounters, 1000, ModeOff, 0); err != nil {
+	// The table frees the slot of a port it unprotects.
+	if err := table.Protect(1000, ModeOff, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := Protect(objs.SynPorts, objs.SynCounters, 9, ModeAlways, 0); err != nil {
+	if err := table.Protect(9, ModeAlways, 0); err != nil {
 		t.Fatalf("protect after a port was freed: %v", err)
 	}
 	if slotOf(9) != reused {
