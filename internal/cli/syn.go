@@ -108,7 +108,7 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			}
 			if m == syncookie.ModeAlways || m == syncookie.ModeAuto {
 				if err := syncookie.CheckSysctls(); err != nil {
-					return fmt.Errorf("moat cannot issue cookies here:\n%w", err)
+					return fmt.Errorf("moat cannot issue cookies in this network namespace: %w", err)
 				}
 			}
 			s, err := g.open()
@@ -264,23 +264,28 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 			if every != 0 && every < time.Second {
 				return usagef("--every must be at least 1s")
 			}
-			s, err := g.open()
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			sm, err := openSynMaps(s)
-			if err != nil {
-				return err
-			}
-			// The data path takes keys older than 2.5 periods for a dead
-			// rotator; tell it the period this loop keeps.
-			if every != 0 {
-				if err := syncookie.SetRotationPeriod(sm.settings, every); err != nil {
+			// The state is opened, and so locked, for each rotation only:
+			// a rotator that runs for days must not block every other
+			// command.
+			first := true
+			rotate := func() error {
+				s, err := g.open()
+				if err != nil {
 					return err
 				}
-			}
-			rotate := func() error {
+				defer s.Close()
+				sm, err := openSynMaps(s)
+				if err != nil {
+					return err
+				}
+				// The data path takes keys older than 2.5 periods for a
+				// dead rotator; tell it the period this loop keeps.
+				if first && every != 0 {
+					if err := syncookie.SetRotationPeriod(sm.settings, every); err != nil {
+						return err
+					}
+				}
+				first = false
 				gen, err := syncookie.Rotate(sm.keys, sm.rotation)
 				if err == nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "key rotation %d\n", gen)

@@ -1,7 +1,14 @@
 package cli_test
 
 import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -54,4 +61,61 @@ func protectedPorts(t *testing.T, root string) []syncookie.PortEntry {
 		t.Fatal(err)
 	}
 	return pe
+}
+
+// TestRotatorLeavesTheStateUnlocked checks that `moat syn rotate --every`
+// holds the state's lock only while it rotates: other commands run beside
+// it, and it keeps rotating.
+func TestRotatorLeavesTheStateUnlocked(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	mustRun(t, root, "syn", "protect", "tcp/443", "--mode", "never")
+	rotator := exec.Command(moatBin, "syn", "rotate", "--every", "1s", "--root", root)
+	out, err := rotator.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rotator.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- rotator.Wait() }()
+	t.Cleanup(func() {
+		rotator.Process.Kill()
+		<-done
+	})
+	first, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(first, "key rotation") {
+		t.Fatalf("the rotator printed %q (%v)", first, err)
+	}
+	go io.Copy(io.Discard, out)
+
+	rotations := func() uint64 {
+		t.Helper()
+		res := make(chan result, 1)
+		go func() { res <- runMain(root, "syn", "status", "--json") }()
+		select {
+		case r := <-res:
+			var st syncookie.KeyStatus // the key fields are at the top
+			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil {
+				t.Fatalf("syn status beside the rotator: %v", r)
+			}
+			return st.Rotations
+		case <-time.After(5 * time.Second):
+			t.Fatal("syn status waited 5s for the state the rotator holds")
+		}
+		return 0
+	}
+	start := rotations()
+	for deadline := time.Now().Add(10 * time.Second); rotations() < start+2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("rotations went from %d to %d in 10s with --every 1s", start, rotations())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rotator.Process.Signal(syscall.SIGTERM)
+	if err := <-done; err != nil {
+		t.Errorf("the rotator exited with %v on SIGTERM", err)
+	}
+	done <- nil // for the cleanup
 }

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/moat-shield/moat/internal/config"
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/ratelimit"
@@ -39,6 +37,14 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 	if old != nil {
 		for _, i := range old.Interfaces {
 			oldIfaces[i.Name] = i
+		}
+	}
+	if issuesCookies(cfg) {
+		// The kernel accepts moat's cookie handshakes only with these set:
+		// refuse the config before anything changes rather than protect
+		// ports whose clients would then fail to connect.
+		if err := syncookie.CheckSysctls(); err != nil {
+			return ch, fmt.Errorf("syn.ports: moat cannot issue cookies in this network namespace: %w", err)
 		}
 	}
 	for _, i := range cfg.Interfaces {
@@ -353,8 +359,11 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 				return 0, err
 			}
 		}
+		// The rotation period too: the data path takes keys older than
+		// StaleAfter of it for a stopped rotator and issues no cookies.
 		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{
 			Hold: cfg.SYN.Hold, CookieLifetime: cfg.SYN.CookieLifetime, ECN: syncookie.ECNEnabled(),
+			RotationPeriod: cfg.SYN.RotateEvery,
 		}); err != nil {
 			return 0, err
 		}
@@ -379,7 +388,7 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 		}
 	}
 	for _, p := range cfg.SYN.Ports {
-		if h, ok := have[p.Port]; ok && h.Mode == p.Mode && h.ThresholdPerSec == thresholdAsStored(p.Threshold) {
+		if h, ok := have[p.Port]; ok && h.Mode == p.Mode && h.ThresholdPerSec == syncookie.StoredThreshold(p.Threshold) {
 			continue
 		}
 		if err := table.Protect(p.Port, p.ProtectMode(), p.Threshold); err != nil {
@@ -391,13 +400,13 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	return changed, nil
 }
 
-// thresholdAsStored is the rate syncookie.Status reports for a threshold:
-// the data path keeps it per CPU and per 100 ms window, rounded down.
-func thresholdAsStored(perSec uint32) uint64 {
-	cpus := uint32(max(ebpf.MustPossibleCPU(), 1))
-	w := perSec / 10 / cpus
-	if w == 0 {
-		w = 1
+// issuesCookies says whether any port of cfg is in a mode where moat
+// issues cookies.
+func issuesCookies(cfg *config.Config) bool {
+	for _, p := range cfg.SYN.Ports {
+		if m := p.ProtectMode(); m == syncookie.ModeAlways || m == syncookie.ModeAuto {
+			return true
+		}
 	}
-	return uint64(w) * 10 * uint64(cpus)
+	return false
 }

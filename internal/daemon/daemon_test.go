@@ -794,7 +794,7 @@ func TestSYNPortsFromConfig(t *testing.T) {
 	e := newEnv(t)
 	synConfig := func(first int, mode string) string {
 		var b strings.Builder
-		fmt.Fprintf(&b, "interfaces:\n  - name: %s\nsyn:\n  ports:\n", e.attackerIf())
+		fmt.Fprintf(&b, "interfaces:\n  - name: %s\nsyn:\n  rotate_every: 5m\n  ports:\n", e.attackerIf())
 		// tcp/80 in both configs, unchanged; the rest fill the slots.
 		b.WriteString("    - port: 80\n      mode: auto\n")
 		for p := first; p < first+syncookie.MaxProtectedPorts-1; p++ {
@@ -845,11 +845,17 @@ func TestSYNPortsFromConfig(t *testing.T) {
 	e.start()
 	first := check("after start", 20000, syncookie.ModeAuto)
 
-	// Counters of the port that stays: a reload must not reset them.
 	s, err := shield.Open(e.root)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The data path must expect the config's rotation period: with the
+	// default minute it would take 5m-old keys for a dead rotator.
+	ks, err := syncookie.Keys(s.Map(datapath.MoatMapSynRotation), s.Map(datapath.MoatMapSynSettings))
+	if err != nil || ks.Period != 5*time.Minute || ks.Rotations == 0 {
+		t.Errorf("keys after start: %+v (%v), want a rotation and the config's period of 5m", ks, err)
+	}
+	// Counters of the port that stays: a reload must not reset them.
 	marked := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
 	marked[0].Syns = 77
 	err = s.Map(datapath.MoatMapSynCounters).Update(uint32(first[80].Slot), marked, ebpf.UpdateAny)
@@ -889,5 +895,54 @@ func TestSYNPortsFromConfig(t *testing.T) {
 	}
 	if !seen || len(st.Ports) != syncookie.MaxProtectedPorts {
 		t.Errorf("syn status lists %d ports (tcp/80 among them: %v), want %d", len(st.Ports), seen, syncookie.MaxProtectedPorts)
+	}
+}
+
+// TestSYNPortsNeedTheSysctls checks that a daemon whose config asks for
+// cookies refuses to start, with the sysctl named on one line, in a
+// namespace where the kernel would refuse moat's handshakes, and that it
+// attached nothing.
+func TestSYNPortsNeedTheSysctls(t *testing.T) {
+	e := newEnv(t)
+	if err := e.lab.Server.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_syncookies", []byte("0"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nsyn:\n  ports:\n    - port: 443\n      mode: auto\n", e.attackerIf()))
+	log := &syncBuffer{}
+	d := e.lab.Server.Command(context.Background(), moatBin, "run", "--config", e.cfg)
+	d.Stdout, d.Stderr = log, log
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- d.Wait() }()
+	select {
+	case err := <-exited:
+		if err == nil {
+			t.Fatalf("the daemon exited 0:\n%s", log)
+		}
+	case <-time.After(20 * time.Second):
+		d.Process.Kill()
+		<-exited
+		t.Fatalf("the daemon runs with tcp_syncookies=0:\n%s", log)
+	}
+	var line string
+	for _, l := range strings.Split(log.String(), "\n") {
+		if strings.Contains(l, "net.ipv4.tcp_syncookies is 0") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("no line names net.ipv4.tcp_syncookies:\n%s", log)
+	}
+	if s, err := shield.Open(e.root); err == nil {
+		atts, _ := s.Attachments()
+		ps, _ := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts))
+		s.Close()
+		if len(atts) != 0 || len(ps) != 0 {
+			t.Errorf("the refused start attached %v and protected %v", atts, ps)
+		}
 	}
 }

@@ -577,29 +577,33 @@ var sysctlsNeeded = []struct {
 
 // CheckSysctls checks, in the network namespace of the calling thread,
 // that the kernel settings moat cookies need are on, naming each one that
-// is not.
+// is not, on one line.
 func CheckSysctls() error {
 	return checkSysctlsIn("/proc/sys/net/ipv4")
 }
 
 func checkSysctlsIn(dir string) error {
-	var errs []error
+	var errs []string
 	for _, s := range sysctlsNeeded {
 		b, err := os.ReadFile(filepath.Join(dir, s.name))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("read net.ipv4.%s: %w", s.name, err))
+			errs = append(errs, fmt.Sprintf("read net.ipv4.%s: %v", s.name, err))
 			continue
 		}
 		v, err := strconv.Atoi(strings.TrimSpace(string(b)))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("net.ipv4.%s: %q is not a number", s.name, b))
+			errs = append(errs, fmt.Sprintf("net.ipv4.%s: %q is not a number", s.name, b))
 			continue
 		}
 		if v < 1 {
-			errs = append(errs, fmt.Errorf("net.ipv4.%s is %d: %s", s.name, v, s.why))
+			errs = append(errs, fmt.Sprintf("net.ipv4.%s is %d: %s", s.name, v, s.why))
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) == 0 {
+		return nil
+	}
+	// One line, however many are wrong.
+	return errors.New(strings.Join(errs, "; "))
 }
 
 // ECNEnabled says whether the kernel accepts ECN (net.ipv4.tcp_ecn != 0),
