@@ -97,8 +97,11 @@ struct syn_port_stats {
 	__u64 syns;             /* SYNs seen (no ACK flag) */
 	__u64 cookies_issued;   /* SYN-ACKs sent with XDP_TX */
 	__u64 cookies_accepted; /* handshakes handed to the kernel by tc */
-	__u64 cookies_rejected; /* ACKs to a listener whose moat cookie was wrong */
-	__u64 acks_dropped;     /* ACKs with no socket and no valid cookie, dropped */
+	__u64 cookies_rejected; /* cookie mode: ACKs to a listener whose cookie,
+				 * moat's or the kernel's, is not valid (dropped) */
+	__u64 acks_dropped;     /* cookie mode: ACKs with no socket dropped: those
+				 * of cookies_rejected, and ones whose headers are
+				 * too long to check (over SYN_L4_MASK bytes) */
 	__u64 accept_errors;    /* valid cookie, but bpf_sk_assign_tcp_reqsk failed */
 	__u64 syns_dropped;     /* cookie mode: SYNs moat will not answer (data, FIN/RST,
 				 * IP options or extension headers, fragments,
@@ -107,7 +110,8 @@ struct syn_port_stats {
 				 * overdue (see syn_config.rotation_period_ns) */
 	__u64 syns_passed;      /* cookie mode: SYNs left to the kernel (no listener
 				 * here, a time-wait, request or established socket
-				 * owns the tuple, no key or stale keys (these also in
+				 * owns the tuple, a destination this host routes
+				 * on, no key or stale keys (these also in
 				 * stale_key_syns), double VLAN tags, a frame moat
 				 * could not rewrite) */
 	__u64 win_start_ns;
@@ -116,6 +120,16 @@ struct syn_port_stats {
 	 * first SYN of the jiffy clock_jiffies, reused for the rest of it. */
 	__u64 clock_jiffies;
 	__u64 clock_ns;
+	/* syn_dest_local's last answer on this CPU: the destination (family
+	 * 4 or 6, address), the jiffy it was asked in, and whether the
+	 * kernel delivers packets for it here (1) or routes them on (0). */
+	__u8 local_addr[16];
+	__u64 local_jiffies;
+	__u32 local_family;
+	__u32 local;
+	/* The arguments of that FIB lookup (struct bpf_fib_lookup), kept here
+	 * rather than on the BPF stack, which the SYN path has little of. */
+	__u8 fib[64];
 };
 
 /* One SipHash key. The two slots of syn_keys hold the keys of the current

@@ -282,8 +282,10 @@ static __always_inline int syn_cookie_check(const struct packet *p, const struct
 }
 
 /* The state of the socket that owns a packet's tuple in the device's
- * namespace (established, request, time-wait or listener), or -1. */
-static __always_inline int syn_sock_state(void *ctx, const struct packet *p)
+ * namespace (established, request, time-wait or listener), or -1. *wild
+ * says whether that socket is bound to the wildcard address (0.0.0.0 or
+ * ::), which the lookup matches whatever the destination. */
+static __always_inline int syn_sock_state(void *ctx, const struct packet *p, int *wild)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
@@ -295,8 +297,69 @@ static __always_inline int syn_sock_state(void *ctx, const struct packet *p)
 	if (!sk)
 		return -1;
 	state = sk->state;
+	if (sk->family == AF_INET)
+		*wild = sk->src_ip4 == 0;
+	else
+		*wild = (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
 	bpf_sk_release(sk);
 	return state;
+}
+
+_Static_assert(sizeof(((struct syn_port_stats *)0)->fib) == sizeof(struct bpf_fib_lookup),
+	       "syn_port_stats.fib holds a struct bpf_fib_lookup");
+
+/* Whether the kernel delivers a packet for p's destination here rather
+ * than route it on. A listener bound to the wildcard address matches any
+ * destination in the socket lookup, also ones this host only forwards (a
+ * router, a host of containers or VMs with a local service on the same
+ * port): those handshakes belong to the host the packet is routed to, and
+ * the ACK of a moat cookie, handed to the local listener, would die in the
+ * forwarding path. The FIB says: a local destination is not forwarded;
+ * with forwarding off on the device nothing is routed at all. Asked once
+ * per jiffy per CPU and port for the same destination (st caches it); st
+ * is the port's counters, whose clock_jiffies syn_clock set for this
+ * packet. */
+static __always_inline int syn_dest_local(struct xdp_md *ctx, const struct packet *p,
+					  struct syn_port_stats *st)
+{
+	struct bpf_fib_lookup *f = (void *)st->fib;
+	__u64 a0, a1, c0, c1;
+	long ret;
+
+	__builtin_memcpy(&a0, p->daddr, 8);
+	__builtin_memcpy(&a1, p->daddr + 8, 8);
+	__builtin_memcpy(&c0, st->local_addr, 8);
+	__builtin_memcpy(&c1, st->local_addr + 8, 8);
+	if (st->local_jiffies == st->clock_jiffies && st->local_family == p->family &&
+	    a0 == c0 && a1 == c1)
+		return st->local;
+
+	__builtin_memset(f, 0, sizeof(*f));
+	f->ifindex = ctx->ingress_ifindex;
+	f->l4_protocol = IPPROTO_TCP;
+	f->sport = bpf_htons(p->sport);
+	f->dport = bpf_htons(p->dport);
+	if (p->family == 4) {
+		f->family = AF_INET;
+		__builtin_memcpy(&f->ipv4_src, p->saddr, 4);
+		__builtin_memcpy(&f->ipv4_dst, p->daddr, 4);
+	} else {
+		f->family = AF_INET6;
+		__builtin_memcpy(f->ipv6_src, p->saddr, 16);
+		__builtin_memcpy(f->ipv6_dst, p->daddr, 16);
+	}
+	ret = bpf_fib_lookup(ctx, f, sizeof(*f), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	/* Forwarded: a unicast route out (found, or found but with an
+	 * unknown neighbour or too small an MTU, or a tunnel), or a route the
+	 * kernel drops on (blackhole, unreachable, prohibit). Not forwarded:
+	 * local (or broadcast, multicast, no route). An error (a family the
+	 * kernel lacks) says nothing: as before the check. */
+	st->local = ret < 0 || ret == BPF_FIB_LKUP_RET_NOT_FWDED || ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
+	st->local_jiffies = st->clock_jiffies;
+	st->local_family = p->family;
+	__builtin_memcpy(st->local_addr, &a0, 8);
+	__builtin_memcpy(st->local_addr + 8, &a1, 8);
+	return st->local;
 }
 
 /* A SYN moat may answer comes to a unicast frame, from and to unicast,
@@ -480,7 +543,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	__u64 sum, h;
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
-	int ecn, delta, keys;
+	int ecn, delta, keys, wild = 0;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
@@ -548,7 +611,10 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	 * with a challenge ACK, and no socket here means the destination is
 	 * elsewhere (another namespace, behind NAT, routed through) or absent,
 	 * all the kernel's business. */
-	if (syn_sock_state(ctx, p) != BPF_TCP_LISTEN)
+	if (syn_sock_state(ctx, p, &wild) != BPF_TCP_LISTEN)
+		return SYN_CONTINUE;
+	/* ... and only for this host: not for a destination it routes on. */
+	if (wild && !syn_dest_local(ctx, p, st))
 		return SYN_CONTINUE;
 
 	slot = ks->generation & 1;
@@ -704,10 +770,14 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	struct tcphdr *th;
 	__u32 l3, l4;
 	long kernel_cookie = -1;
+	int wild = 0;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
-	if (syn_sock_state(ctx, p) != BPF_TCP_LISTEN)
+	if (syn_sock_state(ctx, p, &wild) != BPF_TCP_LISTEN)
+		return SYN_CONTINUE;
+	/* An ACK this host routes on belongs to a connection elsewhere. */
+	if (wild && !syn_dest_local(ctx, p, st))
 		return SYN_CONTINUE;
 	cfg = syn_get_config();
 	if (!cfg)
@@ -748,8 +818,8 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	}
 	if (kernel_cookie == 0)
 		return SYN_CONTINUE;
-drop:
 	st->cookies_rejected++;
+drop:
 	st->acks_dropped++;
 	return XDP_DROP;
 }

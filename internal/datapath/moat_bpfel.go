@@ -435,6 +435,11 @@ type MoatSynPortStats struct {
 	WinSyns         uint64
 	ClockJiffies    uint64
 	ClockNs         uint64
+	LocalAddr       [16]uint8
+	LocalJiffies    uint64
+	LocalFamily     uint32
+	Local           uint32
+	Fib             [64]uint8
 }
 
 type MoatVerdictCounter struct {

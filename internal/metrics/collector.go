@@ -119,15 +119,15 @@ var (
 	synAcceptedDesc = desc("moat_syncookie_cookies_accepted_total",
 		"Handshakes completed with a valid moat cookie and handed to the kernel.", "port")
 	synRejectedDesc = desc("moat_syncookie_cookies_rejected_total",
-		"ACKs to a listener whose moat cookie was invalid (forged, or older than two key rotations).", "port")
+		"Pure ACKs to a listener dropped in cookie mode because their cookie, moat's or the kernel's, is invalid (forged, or older than two key rotations).", "port")
 	synACKsDroppedDesc = desc("moat_syncookie_acks_dropped_total",
-		"ACKs with no socket and no valid cookie, dropped in XDP.", "port")
+		"ACKs with no socket and no valid cookie dropped in XDP: the rejected cookies, and ACKs whose headers are too long to check.", "port")
 	synAcceptErrorsDesc = desc("moat_syncookie_accept_errors_total",
 		"Valid cookies whose handshake the kernel refused (bpf_sk_assign_tcp_reqsk failed).", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",
-		"SYNs left to the kernel in cookie mode: no listener in this namespace, a time-wait, request or established socket owns the tuple, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), double VLAN tags, or a frame that could not be rewritten.", "port")
+		"SYNs left to the kernel in cookie mode: no listener in this namespace, a time-wait, request or established socket owns the tuple, a destination this host routes on, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), double VLAN tags, or a frame that could not be rewritten.", "port")
 	synStaleKeyDesc = desc("moat_syncookie_stale_key_syns_total",
 		"SYNs left to the kernel because the key rotation is stale (see moat_syncookie_keys_stale).", "port")
 	synFloodingDesc = desc("moat_syncookie_flooding",

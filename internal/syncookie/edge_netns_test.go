@@ -14,8 +14,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-shield/moat/internal/lab"
 	"github.com/moat-shield/moat/internal/testpkt"
 )
 
@@ -184,5 +186,70 @@ func TestHandshakeKeepsECN(t *testing.T) {
 		if ci, si := tcpInfo(t, c), tcpInfo(t, srv); ci.Options&optECN == 0 || si.Options&optECN == 0 {
 			t.Errorf("%s: ECN not agreed: client options %#x, server %#x", addr, ci.Options, si.Options)
 		}
+	}
+}
+
+// TestRoutedConnectionsLeftAlone: the server routes between the client and
+// the attacker's host and has a listener of its own on the protected port,
+// bound to the wildcard address, which the socket lookup matches whatever
+// the destination. A connection from the client to a service on the far
+// host must reach that service, in both families, and carry data both
+// ways: moat issues it no cookie (the ACK would be handed to the local
+// listener and die in the forwarding path) and its ACK filter drops none
+// of its ACKs.
+func TestRoutedConnectionsLeftAlone(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	l := s.lab
+	if err := l.Server.Do(func() error {
+		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+			if err := os.WriteFile(f, []byte("1"), 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cl, far := l.Client.Ifaces[0], l.Attacker.Ifaces[0]
+	route := func(h *lab.Host, ifc lab.Iface, dst, via netip.Addr) {
+		t.Helper()
+		if err := h.Do(func() error {
+			return netlink.RouteAdd(&netlink.Route{
+				LinkIndex: ifc.Index,
+				Dst:       &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(dst.BitLen(), dst.BitLen())},
+				Gw:        via.AsSlice(),
+			})
+		}); err != nil {
+			t.Fatalf("route %s via %s on %s: %v", dst, via, h.Name, err)
+		}
+	}
+	route(l.Client, cl, far.IPv4.Addr(), cl.PeerIPv4)
+	route(l.Client, cl, far.IPv6.Addr(), cl.PeerIPv6)
+	route(l.Attacker, far, cl.IPv4.Addr(), far.PeerIPv4)
+	route(l.Attacker, far, cl.IPv6.Addr(), far.PeerIPv6)
+
+	_, local := echoServer(t, l.Server)
+	_, remote := echoServer(t, l.Attacker)
+	for _, dst := range []netip.Addr{far.IPv4.Addr(), far.IPv6.Addr()} {
+		c := dial(t, l.Client, dst)
+		exchange(t, c, 1<<20)
+		select {
+		case <-remote:
+		case <-local:
+			t.Fatalf("%s: the server's own listener took a connection it routes", dst)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the far host accepted nothing", dst)
+		}
+	}
+	st := s.status(t)
+	if st.CookiesIssued != 0 || st.ACKsDropped != 0 || st.SYNsPassed < 2 {
+		t.Errorf("routed connections: %d cookies issued, %d ACKs dropped, %d SYNs left to the kernel; want 0, 0 and at least 2",
+			st.CookiesIssued, st.ACKsDropped, st.SYNsPassed)
+	}
+	// The server's own service on the same port still gets cookies.
+	c := dial(t, l.Client, cl.PeerIPv4)
+	exchange(t, c, 1<<16)
+	if st := s.status(t); st.CookiesAccepted != 1 {
+		t.Errorf("a connection to the server itself: %d cookies accepted, want 1", st.CookiesAccepted)
 	}
 }

@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket/layers"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -703,6 +706,12 @@ func TestAckValidation(t *testing.T) {
 		// Headers in front of TCP do not take an ACK past the filter.
 		{"random ack, ipv6 destination options", testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6,
 			Ext: []testpkt.IPv6Ext{testpkt.DestOpts{Options: []testpkt.IPv6TLV{{Type: 0x1e, Data: make([]byte, 20)}}}}}, L4: randomACK}.Bytes(), 1},
+		// Too far in to check a cookie: dropped, and not counted as a
+		// rejected cookie.
+		{"random ack behind 1.2 KiB of ipv6 destination options", testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6,
+			Ext: []testpkt.IPv6Ext{testpkt.DestOpts{Options: []testpkt.IPv6TLV{
+				{Type: 0x1e, Data: make([]byte, 250)}, {Type: 0x1e, Data: make([]byte, 250)}, {Type: 0x1e, Data: make([]byte, 250)},
+				{Type: 0x1e, Data: make([]byte, 250)}, {Type: 0x1e, Data: make([]byte, 250)}}}}}, L4: randomACK}.Bytes(), 1},
 		{"random ack, 40 bytes of ipv4 options", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, Options: routerAlerts}, L4: randomACK}.Bytes(), 1},
 		{"random ack, 4 bytes of ipv4 options", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, Options: routerAlerts[:1]}, L4: randomACK}.Bytes(), 1},
 		{"rst is not filtered", ackFrame(client4, server4, protectedPort, 99, 12345, true), 2},
@@ -727,8 +736,9 @@ func TestAckValidation(t *testing.T) {
 		}
 	})
 	st := portStatus(t, objs, protectedPort)
-	if st.ACKsDropped != drops || st.CookiesRejected != drops {
-		t.Errorf("acks dropped %d, cookies rejected %d, want %d", st.ACKsDropped, st.CookiesRejected, drops)
+	if st.ACKsDropped != drops || st.CookiesRejected != drops-1 {
+		t.Errorf("acks dropped %d, cookies rejected %d, want %d and %d (all but the one too far in to check)",
+			st.ACKsDropped, st.CookiesRejected, drops, drops-1)
 	}
 }
 
@@ -911,5 +921,132 @@ func TestPortWithoutSlotIsLeftAlone(t *testing.T) {
 	})
 	if st := portStatus(t, objs, protectedPort); st.SYNs != 1 || st.CookiesIssued != 1 {
 		t.Errorf("status %+v: want only the SYN after the slot counted", st)
+	}
+}
+
+// TestRoutedDestinations: on a host that forwards, a listener bound to the
+// wildcard address matches SYNs and ACKs for destinations the host only
+// routes on; moat leaves those to the kernel (counted in syns_passed) and
+// still answers and filters for its own addresses. A listener bound to one
+// address needs no route lookup: the socket lookup matched that address.
+func TestRoutedDestinations(t *testing.T) {
+	objs := loadObjects(t)
+	if _, err := Rotate(objs.SynKeys, objs.SynRotation); err != nil {
+		t.Fatal(err)
+	}
+	if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAlways, 0); err != nil {
+		t.Fatal(err)
+	}
+	far4, far6 := netip.MustParseAddr("192.0.2.77"), netip.MustParseAddr("2001:db8::77")
+	dropped4 := netip.MustParseAddr("203.0.113.9") // a blackhole route
+	type result struct {
+		name       string
+		ret, want  uint32
+		passedSyns uint64
+	}
+	var results []result
+	inScratchNetns(t, func() {
+		// The host's own addresses on a link, the rest of their subnets
+		// routed out of it, forwarding on.
+		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+			if err := os.WriteFile(f, []byte("1"), 0); err != nil {
+				t.Errorf("%s: %v", f, err)
+				return
+			}
+		}
+		// IPv6 delivers to local addresses through the loopback device:
+		// down, their routes count for nothing.
+		if lo, err := netlink.LinkByName("lo"); err != nil || netlink.LinkSetUp(lo) != nil {
+			t.Errorf("set lo up: %v", err)
+			return
+		}
+		// A veth pair: both ends in this namespace, so nothing leaves it.
+		dummy := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "fwd0"}, PeerName: "fwd1"}
+		if err := netlink.LinkAdd(dummy); err != nil {
+			t.Errorf("add veth pair: %v", err)
+			return
+		}
+		if peer, err := netlink.LinkByName("fwd1"); err != nil || netlink.LinkSetUp(peer) != nil {
+			t.Errorf("set fwd1 up: %v", err)
+			return
+		}
+		for _, a := range []string{server4.String() + "/24", server6.String() + "/64"} {
+			addr, _ := netlink.ParseAddr(a)
+			addr.Flags = unix.IFA_F_NODAD
+			if err := netlink.AddrAdd(dummy, addr); err != nil {
+				t.Errorf("add %s: %v", a, err)
+				return
+			}
+		}
+		if err := netlink.LinkSetUp(dummy); err != nil {
+			t.Errorf("set fwd0 up: %v", err)
+			return
+		}
+		if err := netlink.RouteAdd(&netlink.Route{Type: unix.RTN_BLACKHOLE,
+			Dst: &net.IPNet{IP: net.IPv4(203, 0, 113, 0), Mask: net.CIDRMask(24, 32)}}); err != nil {
+			t.Errorf("blackhole route: %v", err)
+			return
+		}
+		passed := func() uint64 {
+			st, err := Status(objs.SynPorts, objs.SynCounters)
+			if err != nil || len(st) != 1 {
+				t.Errorf("status: %v %v", st, err)
+				return 0
+			}
+			return st[0].SYNsPassed
+		}
+		check := func(name string, frame []byte, want uint32) {
+			before := passed()
+			ret, _ := run(t, objs.MoatFilter, frame)
+			results = append(results, result{name, ret, want, passed() - before})
+		}
+		wild := listen(t, protectedPort)
+		for _, c := range []struct {
+			name           string
+			client, server netip.Addr
+			want           uint32
+		}{
+			{"ipv4 syn for an own address", client4, server4, 3},
+			{"ipv6 syn for an own address", client6, server6, 3},
+			{"ipv4 syn routed on", client4, far4, 2},
+			{"ipv6 syn routed on", client6, far6, 2},
+			{"ipv4 syn to a blackhole route", client4, dropped4, 2},
+		} {
+			check(c.name, synFrame(nil, c.client, c.server, testpkt.TCP{}), c.want)
+			// The same destination again: the answer cached for the
+			// jiffy must be the same.
+			check(c.name+" again", synFrame(nil, c.client, c.server, testpkt.TCP{}), c.want)
+		}
+		check("ipv4 stray ack for an own address", ackFrameOpts(client4, server4, protectedPort, clientISN+1, 12345, false, nil), 1)
+		check("ipv6 stray ack for an own address", ackFrameOpts(client6, server6, protectedPort, clientISN+1, 12345, false, nil), 1)
+		check("ipv4 ack routed on", ackFrameOpts(client4, far4, protectedPort, clientISN+1, 12345, false, nil), 2)
+		check("ipv6 ack routed on", ackFrameOpts(client6, far6, protectedPort, clientISN+1, 12345, false, nil), 2)
+		wild.Close()
+
+		// A listener on one address: the socket lookup only matches
+		// that address.
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		one, err := lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(server4, protectedPort).String())
+		if err != nil {
+			t.Errorf("listen on %s: %v", server4, err)
+			return
+		}
+		defer one.Close()
+		check("ipv4 syn to a bound listener", synFrame(nil, client4, server4, testpkt.TCP{}), 3)
+		check("ipv4 syn routed on past a bound listener", synFrame(nil, client4, far4, testpkt.TCP{}), 2)
+	})
+	for _, r := range results {
+		t.Run(r.name, func(t *testing.T) {
+			if r.ret != r.want {
+				t.Fatalf("verdict %d, want %d", r.ret, r.want)
+			}
+			if isSyn := strings.Contains(r.name, "syn"); isSyn && r.want == 2 && r.passedSyns != 1 {
+				t.Errorf("syns_passed grew by %d, want 1", r.passedSyns)
+			}
+		})
+	}
+	if len(results) != 16 {
+		t.Fatalf("%d cases ran, want 16", len(results))
 	}
 }
