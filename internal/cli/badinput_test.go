@@ -113,6 +113,8 @@ func TestBadInput(t *testing.T) {
 		{"flood out of loopback", []string{"flood", "--kind", "udp", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--dst-port", "9", "--src", "198.19.0.0/16", "--count", "1"}, "lab tool"},
 		{"syn protect udp", []string{"syn", "protect", "udp/53"}, "tcp/PORT"},
 		{"syn protect bad mode", []string{"syn", "protect", "tcp/443", "--mode", "sometimes"}, "mode"},
+		{"syn threshold outside auto mode", []string{"syn", "protect", "tcp/443", "--mode", "always", "--threshold", "100"}, "auto mode"},
+		{"syn threshold 0", []string{"syn", "protect", "tcp/443", "--threshold", "0"}, "at least 1"},
 		{"limit without rate", []string{"limit", "add", "source", "udp/53"}, ""},
 		{"limit bad scope", []string{"limit", "add", "source", "sctp/9", "--pps", "10"}, ""},
 		{"dump bad verdict", []string{"dump", "--verdict", "maybe", "-w", filepath.Join(dir, "x.pcapng")}, "verdict"},
@@ -145,6 +147,7 @@ func TestBadInputFreshRoot(t *testing.T) {
 		{"attach", "moat-nx0"},
 		{"stats", "--iface", "moat-nx0"},
 		{"policy", "fragments", "maybe"},
+		{"syn", "protect", "tcp/443", "--mode", "off"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			root := newRoot(t)

@@ -106,12 +106,29 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				}
 				ports = append(ports, p)
 			}
+			if cmd.Flags().Changed("threshold") {
+				if m != syncookie.ModeAuto {
+					return usagef("--threshold is the flood threshold of auto mode; %s mode has none", m)
+				}
+				if threshold == 0 {
+					return usagef("--threshold must be at least 1 SYN per second")
+				}
+			}
 			if m == syncookie.ModeAlways || m == syncookie.ModeAuto {
 				if err := syncookie.CheckSysctls(); err != nil {
 					return fmt.Errorf("moat cannot issue cookies in this network namespace: %w", err)
 				}
 			}
-			s, err := g.open()
+			var s *shield.Shield
+			if m == syncookie.ModeOff {
+				// Nothing to turn off where nothing is pinned: create no
+				// state (and install no key) for it.
+				if err = g.refuseIfManaged(); err == nil {
+					s, err = g.openExisting()
+				}
+			} else {
+				s, err = g.open()
+			}
 			if err != nil {
 				return err
 			}
@@ -150,12 +167,25 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "tcp/%d: %s\n", p, m)
+				if m == syncookie.ModeAuto {
+					if kept := syncookie.StoredThreshold(threshold); kept != uint64(threshold) {
+						fmt.Fprintf(cmd.ErrOrStderr(), "note: tcp/%d: auto mode counts SYNs per CPU in 100 ms windows, "+
+							"so the threshold of %d/s is kept as %d/s (%d CPUs online)\n",
+							p, threshold, kept, syncookie.OnlineCPUs())
+					}
+				}
 				if m == syncookie.ModeAlways || m == syncookie.ModeAuto {
 					if ok, err := syncookie.Listening(p); err == nil && !ok {
 						fmt.Fprintf(cmd.ErrOrStderr(), "warning: nothing listens on tcp/%d in this network namespace: "+
 							"moat leaves SYNs for it to the kernel (listeners in other namespaces, DNAT and "+
 							"routed traffic are not protected)\n", p)
 					}
+				}
+			}
+			if m != syncookie.ModeOff {
+				if atts, err := s.Attachments(); err == nil && len(atts) == 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: moat is attached to no interface yet: "+
+						"the protection takes effect once `moat attach IFACE` runs\n")
 				}
 			}
 			if gen == 0 && m != syncookie.ModeOff && m != syncookie.ModeNever {

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os/exec"
 	"strings"
@@ -118,4 +119,33 @@ func TestRotatorLeavesTheStateUnlocked(t *testing.T) {
 		t.Errorf("the rotator exited with %v on SIGTERM", err)
 	}
 	done <- nil // for the cleanup
+}
+
+// TestSynProtectSaysWhatItDid checks what `moat syn protect` tells an
+// operator beside doing it: that nothing is attached yet, and the
+// threshold auto mode keeps when it differs from the one asked for.
+func TestSynProtectSaysWhatItDid(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	r := mustRun(t, root, "syn", "protect", "tcp/443", "--mode", "auto", "--threshold", "5")
+	kept := syncookie.StoredThreshold(5)
+	for _, want := range []string{"attached to no interface", fmt.Sprintf("threshold of 5/s is kept as %d/s", kept)} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	var st struct {
+		Ports []syncookie.PortStatus `json:"ports"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, root, "syn", "status", "--json").stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Ports) != 1 || st.Ports[0].ThresholdPerSec != kept {
+		t.Errorf("status after the note: %+v, want tcp/443 at %d/s", st.Ports, kept)
+	}
+	// A default threshold that the CPUs divide evenly needs no note.
+	r = mustRun(t, root, "syn", "protect", "tcp/80", "--mode", "auto")
+	if strings.Contains(r.stderr, "kept as") != (syncookie.StoredThreshold(0) != syncookie.DefaultThreshold) {
+		t.Errorf("note on the default threshold (%d kept as %d):\n%s", syncookie.DefaultThreshold, syncookie.StoredThreshold(0), r.stderr)
+	}
 }

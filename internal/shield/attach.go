@@ -125,7 +125,17 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 	res := AttachResult{Iface: name}
 	dir := s.ifaceDir(name)
 	if _, err := os.Stat(dir); err == nil {
-		return s.replace(name, iface.Index, mode)
+		if !pinnedLinkGone(dir, iface.Index) {
+			return s.replace(name, iface.Index, mode)
+		}
+		// The interface was deleted since moat attached to it, and one of
+		// the same name made since: the pinned links died with the old
+		// one. Their pins go, and the new interface gets a filter of its
+		// own, with counters from zero.
+		if err := os.RemoveAll(dir); err != nil {
+			return res, fmt.Errorf("remove the pins of the deleted %s: %w", name, err)
+		}
+		res.Warning = fmt.Sprintf("%s was deleted and made again since moat attached to it; attached anew, counters from zero", name)
 	}
 
 	objs, err := s.loadFilter(nil)
@@ -150,7 +160,7 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 		l, err = attach(link.XDPDriverMode)
 		if err != nil {
 			res.Mode = ModeGeneric
-			res.Warning = fmt.Sprintf("native XDP is not available on %s (%v); attached in generic mode, which is much slower", name, err)
+			res.Warning = strings.TrimPrefix(res.Warning+"; "+fmt.Sprintf("native XDP is not available on %s (%v); attached in generic mode, which is much slower", name, err), "; ")
 			l, err = attach(link.XDPGenericMode)
 		}
 	}
@@ -191,6 +201,23 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 		return res, fmt.Errorf("pin %s: %w", dir, err)
 	}
 	return res, nil
+}
+
+// pinnedLinkGone says whether the XDP link pinned in dir no longer
+// attaches to the interface ifindex: the interface it was made for was
+// deleted (the kernel reports ifindex 0) or is another one now. When the
+// link cannot be read it is not called gone: replace reports the error.
+func pinnedLinkGone(dir string, ifindex int) bool {
+	l, err := link.LoadPinnedLink(filepath.Join(dir, "link"), nil)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil || info.XDP() == nil {
+		return false
+	}
+	return info.XDP().Ifindex != uint32(ifindex)
 }
 
 // replace swaps the program behind an interface's pinned link.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -237,4 +238,51 @@ func TestOlderFilterKeepsTheOldSynCounters(t *testing.T) {
 		t.Errorf("the old map is still pinned after the older filter was replaced (%v)", err)
 	}
 	s.Close()
+}
+
+// TestAttachAfterTheInterfaceWasMadeAgain: an interface deleted and made
+// again under the same name leaves moat's pinned links severed. Attach
+// must give the new interface a filter, not fail on the dead link.
+func TestAttachAfterTheInterfaceWasMadeAgain(t *testing.T) {
+	s := openFresh(t)
+	a, b := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	la, err := netlink.LinkByName(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkDel(la); err != nil {
+		t.Fatal(err)
+	}
+	again := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a}, PeerName: b}
+	if err := netlink.LinkAdd(again); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Attach(a, shield.ModeGeneric)
+	if err != nil {
+		t.Fatalf("attach to the new %s: %v", a, err)
+	}
+	if res.Replaced || !strings.Contains(res.Warning, "made again") {
+		t.Errorf("attach result %+v: want a fresh attachment and a warning that says why", res)
+	}
+	nl, err := netlink.LinkByName(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := nl.Attrs().Xdp; x == nil || !x.Attached {
+		t.Fatalf("no XDP program on the new %s: %+v", a, x)
+	}
+	atts, err := s.Attachments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(atts) != 1 || atts[0].Iface != a || atts[0].LinkID == 0 {
+		t.Fatalf("attachments %+v, want %s", atts, a)
+	}
+	// Attaching again now replaces in place, as on any live interface.
+	if res, err := s.Attach(a, shield.ModeGeneric); err != nil || !res.Replaced {
+		t.Fatalf("attach again: %+v, %v", res, err)
+	}
 }
