@@ -340,13 +340,10 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	if ports == nil || counters == nil || keys == nil || rotation == nil {
 		return 0, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
 	}
-	cur, err := syncookie.Status(ports, counters)
+	// One read of syn_ports for the whole change, not one per port.
+	table, err := syncookie.ReadPortTable(ports, counters)
 	if err != nil {
 		return 0, err
-	}
-	have := map[uint16]syncookie.PortStatus{}
-	for _, p := range cur {
-		have[p.Port] = p
 	}
 	changed := 0
 	if len(cfg.SYN.Ports) > 0 {
@@ -372,23 +369,18 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	for _, p := range cfg.SYN.Ports {
 		want[p.Port] = true
 	}
-	// One read of syn_ports for the whole change, not one per port.
-	table, err := syncookie.ReadPortTable(ports, counters)
-	if err != nil {
-		return 0, err
-	}
 	// Removals first: they free the counters slots new ports take.
-	for _, h := range cur {
-		if !want[h.Port] {
-			if err := table.Protect(h.Port, syncookie.ModeOff, 0); err != nil {
+	for _, port := range table.Ports() {
+		if !want[port] {
+			if err := table.Protect(port, syncookie.ModeOff, 0); err != nil {
 				return changed, err
 			}
-			d.log.Info("SYN protection removed", "port", h.Port)
+			d.log.Info("SYN protection removed", "port", port)
 			changed++
 		}
 	}
 	for _, p := range cfg.SYN.Ports {
-		if h, ok := have[p.Port]; ok && h.Mode == p.Mode && h.ThresholdPerSec == syncookie.StoredThreshold(p.Threshold) {
+		if table.Holds(p.Port, p.ProtectMode(), p.Threshold) {
 			continue
 		}
 		if err := table.Protect(p.Port, p.ProtectMode(), p.Threshold); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -351,6 +352,30 @@ func clearSlot(counters *ebpf.Map, slot uint16) error {
 		return fmt.Errorf("clear counters slot %d: %w", slot, err)
 	}
 	return nil
+}
+
+// Ports lists the protected ports, in port order.
+func (t *PortTable) Ports() []uint16 {
+	out := make([]uint16, 0, len(t.entries))
+	for p := range t.entries {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Holds says whether port is protected with mode and threshold (0:
+// DefaultThreshold) as Protect would store them, with a counters slot: then
+// protecting it again would only reset its counters and flood state.
+func (t *PortTable) Holds(port uint16, mode Mode, threshold uint32) bool {
+	e, ok := t.entries[port]
+	if !ok || e.Slot == 0 || e.Mode != uint8(mode) {
+		return false
+	}
+	if threshold == 0 {
+		threshold = DefaultThreshold
+	}
+	return e.WindowThreshold == windowThreshold(threshold)
 }
 
 // freeSlot is the lowest slot of counters that no protected port names.
