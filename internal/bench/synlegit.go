@@ -33,8 +33,13 @@ const (
 	slKernel   = "kernel"
 	slMoat     = "moat"
 	slMoatAuto = "moat-auto"
-	slFloor    = "xdp-drop" // a control, not a defence: see floorControl
+	slFloor    = "xdp-drop"    // a control, not a defence: see floorControl
+	slReflect  = "xdp-reflect" // a control, not a defence: see reflectControl
 )
+
+// isControl says whether a contender is one of the lab's controls, which
+// defend nothing and have no goals.
+func isControl(name string) bool { return name == slFloor || name == slReflect }
 
 // jsonNum is a measurement that may have no value (NaN), written as null.
 type jsonNum float64
@@ -164,13 +169,18 @@ func (b *Bench) synLegit(ctx context.Context) (res *SynLegitResult, err error) {
 	defer cc.Close()
 
 	defences := []synLegitDefence{kernelCookies{b}, &moatCookies{b: b, mode: syncookie.ModeAlways}, &moatCookies{b: b, mode: syncookie.ModeAuto}}
-	control := &floorControl{floorRx{b: b}}
+	refl, err := b.reflector()
+	if err != nil {
+		return res, err
+	}
+	defer refl.Close()
+	controls := []synLegitDefence{&floorControl{floorRx{b: b}}, reflectControl{refl}}
 	places := b.placements()
-	// The control drops every frame on the attacked link, the clients'
-	// there too, so it runs with clients on their own link only.
+	// The controls drop or reflect every frame on the attacked link, the
+	// clients' there too, so they run with clients on their own link only.
 	defencesAt := func(pl placement) []synLegitDefence {
 		if pl.name == placeOwnLink {
-			return append(slices.Clone(defences), control)
+			return append(slices.Clone(defences), controls...)
 		}
 		return defences
 	}
@@ -366,7 +376,7 @@ func summarizeSynLegit(res *SynLegitResult) {
 func synLegitGoals(res *SynLegitResult) []Goal {
 	var goals []Goal
 	for _, p := range res.Points {
-		if !p.Flood || len(p.Rounds) == 0 || p.Defence == slFloor {
+		if !p.Flood || len(p.Rounds) == 0 || isControl(p.Defence) {
 			continue
 		}
 		s, r := float64(p.Success), float64(p.P99Ratio)
@@ -391,7 +401,7 @@ func synLegitGoals(res *SynLegitResult) []Goal {
 // cookies; the kernel went to cookies under the flood.
 func synLegitChecks(res *SynLegitResult) (checks []Goal, notes []string) {
 	for _, p := range res.Points {
-		if len(p.Rounds) == 0 || p.Defence == slFloor {
+		if len(p.Rounds) == 0 || isControl(p.Defence) {
 			continue
 		}
 		c := p.Counters
@@ -432,27 +442,35 @@ func synLegitChecks(res *SynLegitResult) (checks []Goal, notes []string) {
 }
 
 // synLegitFloorNote compares the own-link p99 under the flood of every
-// contender with the control's.
+// contender with the controls'.
 func synLegitFloorNote(res *SynLegitResult) string {
-	var floor *SynLegitPoint
+	var floor, refl *SynLegitPoint
 	var others []string
 	for _, p := range res.Points {
 		if !p.Flood || p.Placement != placeOwnLink || len(p.Rounds) == 0 {
 			continue
 		}
-		if p.Defence == slFloor {
+		switch p.Defence {
+		case slFloor:
 			floor = p
-			continue
+		case slReflect:
+			refl = p
+		default:
+			others = append(others, fmt.Sprintf("%s %s ms", p.Defence, ms(float64(p.P99ms))))
 		}
-		others = append(others, fmt.Sprintf("%s %s ms", p.Defence, ms(float64(p.P99ms))))
 	}
 	if floor == nil {
 		return ""
 	}
-	return fmt.Sprintf("control: with the flood dropped at once (%s), the own-link clients' p99 is %s ms under the flood and %s ms idle (%sx): "+
-		"what the lab itself does to them while the generator and the NAPI thread keep both CPUs busy, whatever the defence. "+
-		"Against it, the defences' own-link p99 under the flood: %s",
-		slFloor, ms(float64(floor.P99ms)), ms(float64(floor.IdleP99ms)), ratio(float64(floor.P99Ratio)), strings.Join(others, ", "))
+	note := fmt.Sprintf("control: with the flood dropped at once (%s), the own-link clients' p99 is %s ms under the flood and %s ms idle (%sx): "+
+		"what the lab itself does to them while the generator and the NAPI thread keep both CPUs busy, whatever the defence. ",
+		slFloor, ms(float64(floor.P99ms)), ms(float64(floor.IdleP99ms)), ratio(float64(floor.P99Ratio)))
+	if refl != nil {
+		note += fmt.Sprintf("With every flood SYN sent straight back by XDP_TX and nothing computed (%s, the clients served by the kernel), it is %s ms under the flood and %s ms idle (%sx): "+
+			"what answering the flood at that rate costs the clients here, where the answers land in the attacker's namespace on the server's CPU. ",
+			slReflect, ms(float64(refl.P99ms)), ms(float64(refl.IdleP99ms)), ratio(float64(refl.P99Ratio)))
+	}
+	return note + "Against them, the defences' own-link p99 under the flood: " + strings.Join(others, ", ")
 }
 
 func floodWord(flood bool) string {
@@ -509,6 +527,25 @@ func (f *floorControl) What() string {
 func (f *floorControl) Counters(ctx context.Context) (map[string]uint64, error) {
 	n, err := f.b.vethXDPDrops(ctx)
 	return map[string]uint64{"xdp_drops": n}, err
+}
+
+// reflectControl is the SYN bench's reflector on the attacked interface:
+// every flood SYN goes back as a SYN-ACK by XDP_TX, with nothing looked up
+// or computed. It defends nothing (the clients, on their own link, are
+// the kernel's); it shows what answering the whole flood costs the clients
+// in this lab, whoever answers: the answers go to the attacker's namespace,
+// whose veth takes them on the server's CPU.
+type reflectControl struct{ *reflectDefence }
+
+func (r reflectControl) Name() string { return slReflect }
+
+func (r reflectControl) What() string {
+	return "a control, not a defence: flood_reflect (the SYN bench's reflector: every IPv4 TCP SYN back as a SYN-ACK by XDP_TX, no lookup, no cookie) on the attacked interface, nothing on the client's, clients on their own link only; what answering the flood at the reflector's rate costs the clients; counter: the veth's rx_queue_*_xdp_tx"
+}
+
+func (r reflectControl) Counters(ctx context.Context) (map[string]uint64, error) {
+	n, _, err := r.Issued(ctx)
+	return map[string]uint64{"xdp_tx": n}, err
 }
 
 // moatCookies is moat as `moat attach` and `moat syn protect` set it up:
