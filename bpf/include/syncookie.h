@@ -362,6 +362,22 @@ static __always_inline int syn_dest_local(struct xdp_md *ctx, const struct packe
 	return st->local;
 }
 
+/* Whether a listener of this host owns p's tuple: the socket lookup finds
+ * a listener (no established, request or time-wait socket owns the tuple,
+ * and some socket listens here), and the destination is one this host
+ * delivers to itself rather than routes on (syn_dest_local, asked only
+ * when the listener is bound to the wildcard address). moat answers SYNs
+ * and filters ACKs only then. */
+static __always_inline int syn_local_listener(struct xdp_md *ctx, const struct packet *p,
+					      struct syn_port_stats *st)
+{
+	int wild = 0;
+
+	if (syn_sock_state(ctx, p, &wild) != BPF_TCP_LISTEN)
+		return 0;
+	return !wild || syn_dest_local(ctx, p, st);
+}
+
 /* A SYN moat may answer comes to a unicast frame, from and to unicast,
  * routable addresses: no SYN-ACK to broadcast, multicast, loopback or
  * unspecified addresses, which the kernel would never answer either. */
@@ -543,7 +559,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	__u64 sum, h;
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
-	int ecn, delta, keys, wild = 0;
+	int ecn, delta, keys;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
@@ -610,11 +626,8 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	 * (or the third ACK reaches it and dies), an established one answers
 	 * with a challenge ACK, and no socket here means the destination is
 	 * elsewhere (another namespace, behind NAT, routed through) or absent,
-	 * all the kernel's business. */
-	if (syn_sock_state(ctx, p, &wild) != BPF_TCP_LISTEN)
-		return SYN_CONTINUE;
-	/* ... and only for this host: not for a destination it routes on. */
-	if (wild && !syn_dest_local(ctx, p, st))
+	 * all the kernel's business; so is a destination this host routes on. */
+	if (!syn_local_listener(ctx, p, st))
 		return SYN_CONTINUE;
 
 	slot = ks->generation & 1;
@@ -770,14 +783,10 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	struct tcphdr *th;
 	__u32 l3, l4;
 	long kernel_cookie = -1;
-	int wild = 0;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
-	if (syn_sock_state(ctx, p, &wild) != BPF_TCP_LISTEN)
-		return SYN_CONTINUE;
-	/* An ACK this host routes on belongs to a connection elsewhere. */
-	if (wild && !syn_dest_local(ctx, p, st))
+	if (!syn_local_listener(ctx, p, st))
 		return SYN_CONTINUE;
 	cfg = syn_get_config();
 	if (!cfg)

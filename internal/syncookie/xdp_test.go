@@ -961,8 +961,8 @@ func TestRoutedDestinations(t *testing.T) {
 			return
 		}
 		// A veth pair: both ends in this namespace, so nothing leaves it.
-		dummy := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "fwd0"}, PeerName: "fwd1"}
-		if err := netlink.LinkAdd(dummy); err != nil {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "fwd0"}, PeerName: "fwd1"}
+		if err := netlink.LinkAdd(veth); err != nil {
 			t.Errorf("add veth pair: %v", err)
 			return
 		}
@@ -973,12 +973,12 @@ func TestRoutedDestinations(t *testing.T) {
 		for _, a := range []string{server4.String() + "/24", server6.String() + "/64"} {
 			addr, _ := netlink.ParseAddr(a)
 			addr.Flags = unix.IFA_F_NODAD
-			if err := netlink.AddrAdd(dummy, addr); err != nil {
+			if err := netlink.AddrAdd(veth, addr); err != nil {
 				t.Errorf("add %s: %v", a, err)
 				return
 			}
 		}
-		if err := netlink.LinkSetUp(dummy); err != nil {
+		if err := netlink.LinkSetUp(veth); err != nil {
 			t.Errorf("set fwd0 up: %v", err)
 			return
 		}
