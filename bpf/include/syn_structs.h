@@ -120,6 +120,12 @@ struct syn_port_stats {
 	 * first SYN of the jiffy clock_jiffies, reused for the rest of it. */
 	__u64 clock_jiffies;
 	__u64 clock_ns;
+	/* syn_net_settings of the listener's namespace as last read on this
+	 * CPU, and the jiffy and device it was read for; beside the clock,
+	 * in the cache line every answered SYN touches. */
+	__u64 net_jiffies;
+	__u32 net_ifindex;
+	__u32 net_settings;
 	/* syn_dest_local's last answer on this CPU: the destination (family
 	 * 4 or 6, address), the jiffy it was asked in, and whether the
 	 * kernel delivers packets for it here (1) or routes them on (0). */
@@ -153,8 +159,7 @@ struct syn_config {
 	__u16 mss_v4;           /* MSS moat announces in its SYN-ACK */
 	__u16 mss_v6;
 	__u8 rcv_wscale;        /* window scale moat announces (and the kernel then uses) */
-	__u8 ecn;               /* 1: accept ECN (net.ipv4.tcp_ecn != 0) */
-	__u8 pad[2];
+	__u8 pad[3];
 	/* How often the control plane rotates keys. Once the last rotation is
 	 * older than 2.5 of these (SYN_STALE_HALF_PERIODS), the rotator is taken for dead:
 	 * moat issues and accepts no more cookies and the kernel handles SYNs. */

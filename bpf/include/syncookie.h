@@ -52,6 +52,67 @@
 #define IPV6_MIN_MSS 1220 /* IPv6 minimum MTU 1280 - 60 */
 #define IPV4_MIN_MSS 536
 
+/* The few fields of the kernel's own types that moat reads to learn the
+ * TCP settings of a listener's namespace. Offsets come from the running
+ * kernel's BTF when the program loads (CO-RE), so they follow its layout. */
+struct netns_ipv4___moat {
+	__u8 sysctl_tcp_ecn;
+	__u8 sysctl_tcp_syncookies;
+	__u8 sysctl_tcp_sack;
+	__u8 sysctl_tcp_window_scaling;
+	__u8 sysctl_tcp_timestamps;
+} __attribute__((preserve_access_index));
+
+struct net___moat {
+	struct netns_ipv4___moat ipv4;
+} __attribute__((preserve_access_index));
+
+struct possible_net_t___moat {
+	struct net___moat *net;
+} __attribute__((preserve_access_index));
+
+struct sock_common___moat {
+	struct possible_net_t___moat skc_net;
+} __attribute__((preserve_access_index));
+
+/* The settings of a namespace (net.ipv4.*) that decide what a cookie
+ * handshake may keep. bpf_sk_assign_tcp_reqsk refuses window scaling,
+ * SACK or timestamps that the namespace turned off, and the stack takes
+ * no request socket at all with tcp_syncookies 0; so moat offers only
+ * what is on, as the kernel's own SYN-ACKs do. */
+enum syn_net_setting {
+	SYN_NET_COOKIES = 1 << 0, /* tcp_syncookies != 0 */
+	SYN_NET_SACK = 1 << 1,    /* tcp_sack */
+	SYN_NET_TS = 1 << 2,      /* tcp_timestamps (1 or 2) */
+	SYN_NET_WSCALE = 1 << 3,  /* tcp_window_scaling */
+	SYN_NET_ECN = 1 << 4,     /* tcp_ecn != 0: ECN for clients that ask */
+};
+
+/* syn_net_setting bits of the namespace tsk (a listener) lives in. */
+static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
+{
+	const struct sock_common___moat *skc = (const void *)tsk;
+	const struct net___moat *net;
+	__u32 s = 0;
+
+	if (!skc)
+		return 0;
+	net = skc->skc_net.net;
+	if (!net)
+		return 0;
+	if (net->ipv4.sysctl_tcp_syncookies)
+		s |= SYN_NET_COOKIES;
+	if (net->ipv4.sysctl_tcp_sack)
+		s |= SYN_NET_SACK;
+	if (net->ipv4.sysctl_tcp_timestamps)
+		s |= SYN_NET_TS;
+	if (net->ipv4.sysctl_tcp_window_scaling)
+		s |= SYN_NET_WSCALE;
+	if (net->ipv4.sysctl_tcp_ecn)
+		s |= SYN_NET_ECN;
+	return s;
+}
+
 /* The kernel's struct of the same name (include/net/tcp.h); the kfunc
  * checks its size. */
 struct bpf_tcp_req_attrs {
@@ -284,8 +345,12 @@ static __always_inline int syn_cookie_check(const struct packet *p, const struct
 /* The state of the socket that owns a packet's tuple in the device's
  * namespace (established, request, time-wait or listener), or -1. *wild
  * says whether that socket is bound to the wildcard address (0.0.0.0 or
- * ::), which the lookup matches whatever the destination. */
-static __always_inline int syn_sock_state(void *ctx, const struct packet *p, int *wild)
+ * ::), which the lookup matches whatever the destination. For a listener,
+ * and st unless NULL, st->net_settings gets its namespace's
+ * syn_net_setting bits, read once per jiffy per CPU, port and device
+ * (st's clock_jiffies is this packet's, as syn_clock set it). */
+static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packet *p, int *wild,
+					  struct syn_port_stats *st)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
@@ -301,6 +366,12 @@ static __always_inline int syn_sock_state(void *ctx, const struct packet *p, int
 		*wild = sk->src_ip4 == 0;
 	else
 		*wild = (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
+	if (st && state == BPF_TCP_LISTEN &&
+	    (st->net_jiffies != st->clock_jiffies || st->net_ifindex != ctx->ingress_ifindex)) {
+		st->net_settings = syn_net_settings(bpf_skc_to_tcp_sock(sk));
+		st->net_jiffies = st->clock_jiffies;
+		st->net_ifindex = ctx->ingress_ifindex;
+	}
 	bpf_sk_release(sk);
 	return state;
 }
@@ -367,13 +438,14 @@ static __always_inline int syn_dest_local(struct xdp_md *ctx, const struct packe
  * and some socket listens here), and the destination is one this host
  * delivers to itself rather than routes on (syn_dest_local, asked only
  * when the listener is bound to the wildcard address). moat answers SYNs
- * and filters ACKs only then. */
+ * and filters ACKs only then. With settings, st->net_settings is the
+ * listener's namespace's (syn_sock_state). */
 static __always_inline int syn_local_listener(struct xdp_md *ctx, const struct packet *p,
-					      struct syn_port_stats *st)
+					      struct syn_port_stats *st, int settings)
 {
 	int wild = 0;
 
-	if (syn_sock_state(ctx, p, &wild) != BPF_TCP_LISTEN)
+	if (syn_sock_state(ctx, p, &wild, settings ? st : NULL) != BPF_TCP_LISTEN)
 		return 0;
 	return !wild || syn_dest_local(ctx, p, st);
 }
@@ -560,6 +632,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
 	int ecn, delta, keys;
+	__u32 net = 0;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
@@ -614,8 +687,9 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 		goto refuse; /* data in the SYN (TFO): the client resends a plain SYN */
 	client_isn = th->seq;
 	/* The kernel's rule for ECN setup (tcp_ecn_create_request): an
-	 * ECT-marked SYN gets ECN only with the reserved bit set. */
-	ecn = cfg->ecn && (p->tcp_flags & (TCPF_ECE | TCPF_CWR)) == (TCPF_ECE | TCPF_CWR) &&
+	 * ECT-marked SYN gets ECN only with the reserved bit set; and only
+	 * where tcp_ecn is on (below). */
+	ecn = (p->tcp_flags & (TCPF_ECE | TCPF_CWR)) == (TCPF_ECE | TCPF_CWR) &&
 	      (ip_ecn == 0 || th->res1);
 
 	/* Double tags: the tc acceptor runs after the outer tag is stripped
@@ -627,8 +701,15 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	 * with a challenge ACK, and no socket here means the destination is
 	 * elsewhere (another namespace, behind NAT, routed through) or absent,
 	 * all the kernel's business; so is a destination this host routes on. */
-	if (!syn_local_listener(ctx, p, st))
+	if (!syn_local_listener(ctx, p, st, 1))
 		return SYN_CONTINUE;
+	net = st->net_settings;
+	/* With tcp_syncookies 0 the stack would ignore the request socket tc
+	 * hands it: the kernel keeps its SYNs. */
+	if (!(net & SYN_NET_COOKIES))
+		return SYN_CONTINUE;
+	if (!(net & SYN_NET_ECN))
+		ecn = 0;
 
 	slot = ks->generation & 1;
 	k = bpf_map_lookup_elem(&syn_keys, &slot);
@@ -640,6 +721,14 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	if (!opts)
 		return SYN_CONTINUE;
 	o_copy = *opts;
+	/* What the namespace turned off is not offered, as the kernel's own
+	 * SYN-ACK would not: the client then does without it. */
+	if (!(net & SYN_NET_SACK))
+		o->sack_ok = 0;
+	if (!(net & SYN_NET_TS))
+		o->has_ts = 0;
+	if (!(net & SYN_NET_WSCALE))
+		o->has_wscale = 0;
 
 	/* The cookie's low bits. */
 	wscale = SYN_COOKIE_NO_WSCALE;
@@ -786,7 +875,7 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
-	if (!syn_local_listener(ctx, p, st))
+	if (!syn_local_listener(ctx, p, st, 0))
 		return SYN_CONTINUE;
 	cfg = syn_get_config();
 	if (!cfg)
@@ -929,7 +1018,7 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	struct tcp_sock *tsk;
 	struct bpf_sock *sk;
 	struct tcphdr *th;
-	__u32 key, size, l4, optlen;
+	__u32 key, size, l4, optlen, net;
 	int meta, wscale, err, ret = SYN_TC_NEXT;
 	__u64 now;
 
@@ -1002,7 +1091,21 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 
 	st = syn_counters_of(port);
 	tsk = bpf_skc_to_tcp_sock(sk);
-	if (!tsk) {
+	/* Settings turned off in the namespace since the SYN-ACK went out:
+	 * the kfunc would refuse SACK and timestamps, which the connection
+	 * can do without (the client's are ignored). Window scaling it
+	 * cannot: both sides would read windows differently, so that refusal
+	 * stands; and with tcp_syncookies 0 the stack would ignore the
+	 * request socket. (ECN the stack itself drops when tcp_ecn is 0.) */
+	net = syn_net_settings(tsk);
+	if (!(net & SYN_NET_SACK))
+		attrs.sack_ok = 0;
+	if (!(net & SYN_NET_TS)) {
+		attrs.tstamp_ok = 0;
+		attrs.rcv_tsval = 0;
+		attrs.rcv_tsecr = 0;
+	}
+	if (!tsk || !(net & SYN_NET_COOKIES)) {
 		err = -1;
 	} else {
 		err = bpf_sk_assign_tcp_reqsk(skb, (struct sock *)tsk, &attrs, sizeof(attrs));

@@ -553,12 +553,10 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 	if err := spec.LoadAndAssign(&m.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		return nil, "load moat's filter with SYN cookies: " + err.Error()
 	}
-	var ecn bool
-	b.lab.Server.Do(func() error { ecn = syncookie.ECNEnabled(); return nil })
 	setup := []error{}
 	_, err = syncookie.Rotate(m.objs.SynKeys, m.objs.SynRotation)
 	setup = append(setup, err,
-		syncookie.Configure(m.objs.SynSettings, syncookie.Config{ECN: ecn}),
+		syncookie.Configure(m.objs.SynSettings, syncookie.Config{}),
 		syncookie.Protect(m.objs.SynPorts, m.objs.SynCounters, servicePort, syncookie.ModeAlways, 0))
 	if err := errors.Join(setup...); err != nil {
 		m.objs.Close()

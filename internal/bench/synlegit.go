@@ -133,7 +133,7 @@ func (b *Bench) synLegit(ctx context.Context) (res *SynLegitResult, err error) {
 	if err := sysctl(b.lab.Server, "net.ipv4.tcp_syncookies", "1"); err != nil {
 		return res, err
 	}
-	if err := b.lab.Server.Do(syncookie.CheckSysctls); err != nil {
+	if err := b.lab.Server.Do(func() error { _, err := syncookie.CheckSysctls(); return err }); err != nil {
 		return res, fmt.Errorf("moat cannot issue cookies in the server namespace: %w", err)
 	}
 	if err := b.prepareClients(); err != nil {
@@ -586,7 +586,7 @@ func (m *moatCookies) Attach(context.Context) error {
 		if _, err := syncookie.Rotate(s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation)); err != nil {
 			return err
 		}
-		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{ECN: syncookie.ECNEnabled()}); err != nil {
+		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{}); err != nil {
 			return err
 		}
 		return syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), servicePort, m.mode, 0)

@@ -115,8 +115,12 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				}
 			}
 			if m == syncookie.ModeAlways || m == syncookie.ModeAuto {
-				if err := syncookie.CheckSysctls(); err != nil {
+				notes, err := syncookie.CheckSysctls()
+				if err != nil {
 					return fmt.Errorf("moat cannot issue cookies in this network namespace: %w", err)
+				}
+				for _, n := range notes {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: %s\n", n)
 				}
 			}
 			var s *shield.Shield
@@ -158,7 +162,7 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				if _, err := syncookie.Rotate(sm.keys, sm.rotation); err != nil {
 					return err
 				}
-				if err := syncookie.Configure(sm.settings, syncookie.Config{ECN: syncookie.ECNEnabled()}); err != nil {
+				if err := syncookie.Configure(sm.settings, syncookie.Config{}); err != nil {
 					return err
 				}
 			}
@@ -274,7 +278,7 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			for _, p := range ports {
 				if p.AcceptErrors > 0 {
 					fmt.Fprintf(out, "tcp/%d: %d valid cookies the kernel refused: is the listener MPTCP, "+
-						"or net.ipv4.tcp_syncookies 0?\n", p.Port, p.AcceptErrors)
+						"or were net.ipv4.tcp_syncookies or tcp_window_scaling turned off during handshakes?\n", p.Port, p.AcceptErrors)
 				}
 			}
 			return nil

@@ -40,11 +40,15 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 		}
 	}
 	if issuesCookies(cfg) {
-		// The kernel accepts moat's cookie handshakes only with these set:
-		// refuse the config before anything changes rather than protect
-		// ports whose clients would then fail to connect.
-		if err := syncookie.CheckSysctls(); err != nil {
+		// The kernel takes moat's cookie handshakes only with
+		// tcp_syncookies set: refuse the config before anything changes
+		// rather than protect ports that would stay unprotected.
+		notes, err := syncookie.CheckSysctls()
+		if err != nil {
 			return ch, fmt.Errorf("syn.ports: moat cannot issue cookies in this network namespace: %w", err)
+		}
+		for _, n := range notes {
+			d.log.Warn(n)
 		}
 	}
 	for _, i := range cfg.Interfaces {
@@ -359,7 +363,7 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 		// The rotation period too: the data path takes keys older than
 		// StaleAfter of it for a stopped rotator and issues no cookies.
 		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{
-			Hold: cfg.SYN.Hold, CookieLifetime: cfg.SYN.CookieLifetime, ECN: syncookie.ECNEnabled(),
+			Hold: cfg.SYN.Hold, CookieLifetime: cfg.SYN.CookieLifetime,
 			RotationPeriod: cfg.SYN.RotateEvery,
 		}); err != nil {
 			return 0, err

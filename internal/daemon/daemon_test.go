@@ -901,7 +901,8 @@ func TestSYNPortsFromConfig(t *testing.T) {
 // TestSYNPortsNeedTheSysctls checks that a daemon whose config asks for
 // cookies refuses to start, with the sysctl named on one line, in a
 // namespace where the kernel would refuse moat's handshakes, and that it
-// attached nothing.
+// attached nothing; and that it starts, with a warning, where only a TCP
+// option is turned off.
 func TestSYNPortsNeedTheSysctls(t *testing.T) {
 	e := newEnv(t)
 	if err := e.lab.Server.Do(func() error {
@@ -944,5 +945,34 @@ func TestSYNPortsNeedTheSysctls(t *testing.T) {
 		if len(atts) != 0 || len(ps) != 0 {
 			t.Errorf("the refused start attached %v and protected %v", atts, ps)
 		}
+	}
+
+	// An option turned off is no reason to refuse: moat then does not
+	// offer it, as the kernel would not, and the daemon says so.
+	if err := e.lab.Server.Do(func() error {
+		if err := os.WriteFile("/proc/sys/net/ipv4/tcp_syncookies", []byte("1"), 0); err != nil {
+			return err
+		}
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_sack", []byte("0"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	var note string
+	for _, l := range strings.Split(e.log.String(), "\n") {
+		if strings.Contains(l, "level=WARN") && strings.Contains(l, "net.ipv4.tcp_sack is 0") {
+			note = l
+		}
+	}
+	if note == "" {
+		t.Errorf("no warning names net.ipv4.tcp_sack:\n%s", e.log)
+	}
+	s, err := shield.Open(e.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if ps, err := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts)); err != nil || len(ps) != 1 {
+		t.Errorf("protected ports %v (%v), want tcp/443", ps, err)
 	}
 }

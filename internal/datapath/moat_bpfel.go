@@ -337,8 +337,7 @@ type MoatSynConfig struct {
 	MssV4            uint16
 	MssV6            uint16
 	RcvWscale        uint8
-	Ecn              uint8
-	Pad              [2]uint8
+	Pad              [3]uint8
 	RotationPeriodNs uint64
 }
 
@@ -435,6 +434,9 @@ type MoatSynPortStats struct {
 	WinSyns         uint64
 	ClockJiffies    uint64
 	ClockNs         uint64
+	NetJiffies      uint64
+	NetIfindex      uint32
+	NetSettings     uint32
 	LocalAddr       [16]uint8
 	LocalJiffies    uint64
 	LocalFamily     uint32

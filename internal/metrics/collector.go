@@ -123,7 +123,7 @@ var (
 	synACKsDroppedDesc = desc("moat_syncookie_acks_dropped_total",
 		"ACKs with no socket and no valid cookie dropped in XDP: the rejected cookies, and ACKs whose headers are too long to check.", "port")
 	synAcceptErrorsDesc = desc("moat_syncookie_accept_errors_total",
-		"Valid cookies whose handshake the kernel refused (bpf_sk_assign_tcp_reqsk failed).", "port")
+		"Valid cookies whose handshake the kernel refused: an MPTCP listener, or tcp_syncookies or tcp_window_scaling turned off between SYN-ACK and ACK.", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",

@@ -157,7 +157,6 @@ type Config struct {
 	CookieLifetime time.Duration // tc looks for cookies this long after a flood (default 4m; >= 2 rotations)
 	MSSv4, MSSv6   uint16        // MSS moat announces (default 1460/1440)
 	WScale         uint8         // window scale moat announces (default 7)
-	ECN            bool          // accept ECN; set it when net.ipv4.tcp_ecn != 0
 	// RotationPeriod is how often the control plane calls Rotate (default
 	// DefaultRotation). The data path stops issuing cookies when the last
 	// rotation is older than StaleAfter(RotationPeriod).
@@ -179,9 +178,6 @@ func Configure(settings *ebpf.Map, c Config) error {
 	}
 	if c.WScale > 14 {
 		return fmt.Errorf("window scale %d: at most 14", c.WScale)
-	}
-	if c.ECN {
-		v.Ecn = 1
 	}
 	if err := settings.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write syn settings: %w", err)
@@ -588,58 +584,58 @@ func bootNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// sysctlsNeeded are the sysctls bpf_sk_assign_tcp_reqsk depends on: with
-// tcp_syncookies 0 the stack ignores the request socket, and the kfunc
-// refuses SACK, timestamps or window scaling that are turned off.
-var sysctlsNeeded = []struct {
-	name, why string
+// sysctlsRead are the namespace settings moat cookies depend on. With
+// tcp_syncookies 0 the stack ignores the request socket tc hands it, so the
+// data path leaves SYNs to the kernel and nothing is protected. The other
+// settings turn a TCP option off: the data path reads them live (through
+// the listener's namespace) and offers only what is on, as the kernel's
+// own SYN-ACKs do, so they are worth a note, not a refusal.
+var sysctlsRead = []struct {
+	name     string
+	required bool
+	off      string // what moat does while it is 0
 }{
-	{"tcp_syncookies", "the kernel accepts no cookie handshake (set it to 1 or 2)"},
-	{"tcp_sack", "connections could not keep SACK (set it to 1)"},
-	{"tcp_timestamps", "connections could not keep timestamps (set it to 1)"},
-	{"tcp_window_scaling", "connections could not keep window scaling (set it to 1)"},
+	{"tcp_syncookies", true, "the kernel accepts no cookie handshake, so moat leaves SYNs to it (set it to 1 or 2)"},
+	{"tcp_sack", false, "moat's SYN-ACKs offer no SACK, as the kernel's do not"},
+	{"tcp_timestamps", false, "moat's SYN-ACKs offer no timestamps, as the kernel's do not"},
+	{"tcp_window_scaling", false, "moat's SYN-ACKs offer no window scaling, as the kernel's do not"},
 }
 
 // CheckSysctls checks, in the network namespace of the calling thread,
-// that the kernel settings moat cookies need are on, naming each one that
-// is not, on one line.
-func CheckSysctls() error {
+// that the kernel takes cookie handshakes at all (net.ipv4.tcp_syncookies
+// at least 1): an error, on one line, if not. notes name the TCP options
+// the namespace turned off, which moat then does not offer either.
+func CheckSysctls() (notes []string, err error) {
 	return checkSysctlsIn("/proc/sys/net/ipv4")
 }
 
-func checkSysctlsIn(dir string) error {
+func checkSysctlsIn(dir string) (notes []string, err error) {
 	var errs []string
-	for _, s := range sysctlsNeeded {
+	for _, s := range sysctlsRead {
+		var msg string
 		b, err := os.ReadFile(filepath.Join(dir, s.name))
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("read net.ipv4.%s: %v", s.name, err))
+		v, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		switch {
+		case err != nil:
+			msg = fmt.Sprintf("read net.ipv4.%s: %v", s.name, err)
+		case perr != nil:
+			msg = fmt.Sprintf("net.ipv4.%s: %q is not a number", s.name, b)
+		case v >= 1:
 			continue
+		default:
+			msg = fmt.Sprintf("net.ipv4.%s is %d: %s", s.name, v, s.off)
 		}
-		v, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("net.ipv4.%s: %q is not a number", s.name, b))
-			continue
-		}
-		if v < 1 {
-			errs = append(errs, fmt.Sprintf("net.ipv4.%s is %d: %s", s.name, v, s.why))
+		if s.required {
+			errs = append(errs, msg)
+		} else {
+			notes = append(notes, msg)
 		}
 	}
 	if len(errs) == 0 {
-		return nil
+		return notes, nil
 	}
 	// One line, however many are wrong.
-	return errors.New(strings.Join(errs, "; "))
-}
-
-// ECNEnabled says whether the kernel accepts ECN (net.ipv4.tcp_ecn != 0),
-// for Config.ECN.
-func ECNEnabled() bool {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_ecn")
-	if err != nil {
-		return false
-	}
-	v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return v != 0
+	return notes, errors.New(strings.Join(errs, "; "))
 }
 
 // AttachTC attaches the cookie accepting program (moat_syn_accept) to the

@@ -2,6 +2,7 @@ package syncookie
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -152,39 +155,35 @@ func TestLaterTcxProgramsRun(t *testing.T) {
 }
 
 // TestHandshakeKeepsECN: a client that asks for ECN gets it through a moat
-// handshake, on both sockets.
+// handshake, on both sockets, while the server's namespace accepts ECN
+// (net.ipv4.tcp_ecn 2, the default); once the server turns tcp_ecn off,
+// moat agrees to no ECN, as the kernel would not.
 func TestHandshakeKeepsECN(t *testing.T) {
 	s := newShielded(t, ModeAlways)
 	_, accepted := echoServer(t, s.lab.Server)
-	for _, h := range []struct {
-		do  func(func() error) error
-		val string
-	}{{s.lab.Client.Do, "1"}, {s.lab.Server.Do, "2"}} {
-		if err := h.do(func() error { return os.WriteFile("/proc/sys/net/ipv4/tcp_ecn", []byte(h.val), 0) }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.lab.Server.Do(func() error {
-		return Configure(s.objs.SynSettings, Config{ECN: ECNEnabled()})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	for _, addr := range []netip.Addr{s.lab.Client.Ifaces[0].PeerIPv4, s.lab.Client.Ifaces[0].PeerIPv6} {
-		before := s.status(t)
-		c := dial(t, s.lab.Client, addr)
-		var srv *net.TCPConn
-		select {
-		case srv = <-accepted:
-		case <-time.After(5 * time.Second):
-			t.Fatal("server accepted nothing")
-		}
-		exchange(t, c, 4096)
-		if st := s.status(t); st.CookiesAccepted != before.CookiesAccepted+1 {
-			t.Fatalf("%s: not a moat handshake: %+v", addr, st)
-		}
-		const optECN = 8 // TCPI_OPT_ECN
-		if ci, si := tcpInfo(t, c), tcpInfo(t, srv); ci.Options&optECN == 0 || si.Options&optECN == 0 {
-			t.Errorf("%s: ECN not agreed: client options %#x, server %#x", addr, ci.Options, si.Options)
+	setSysctl(t, s.lab.Client, "tcp_ecn", "1")
+	for _, serverECN := range []string{"2", "0"} {
+		setSysctl(t, s.lab.Server, "tcp_ecn", serverECN)
+		for _, addr := range []netip.Addr{s.lab.Client.Ifaces[0].PeerIPv4, s.lab.Client.Ifaces[0].PeerIPv6} {
+			before := s.status(t)
+			c := dial(t, s.lab.Client, addr)
+			var srv *net.TCPConn
+			select {
+			case srv = <-accepted:
+			case <-time.After(5 * time.Second):
+				t.Fatal("server accepted nothing")
+			}
+			exchange(t, c, 4096)
+			if st := s.status(t); st.CookiesAccepted != before.CookiesAccepted+1 {
+				t.Fatalf("%s: not a moat handshake: %+v", addr, st)
+			}
+			const optECN = 8 // TCPI_OPT_ECN
+			want := serverECN != "0"
+			ci, si := tcpInfo(t, c), tcpInfo(t, srv)
+			if ci.Options&optECN != 0 != want || si.Options&optECN != 0 != want {
+				t.Errorf("%s, server tcp_ecn %s: client options %#x, server %#x, want ECN %v",
+					addr, serverECN, ci.Options, si.Options, want)
+			}
 		}
 	}
 }
@@ -251,5 +250,133 @@ func TestRoutedConnectionsLeftAlone(t *testing.T) {
 	exchange(t, c, 1<<16)
 	if st := s.status(t); st.CookiesAccepted != 1 {
 		t.Errorf("a connection to the server itself: %d cookies accepted, want 1", st.CookiesAccepted)
+	}
+}
+
+// synAckCatcher reads, on h's first interface, the frames that come in,
+// and returns the next TCP SYN-ACK to port.
+func synAckCatcher(t *testing.T, h *lab.Host) func(port uint16) *layers.TCP {
+	t.Helper()
+	var fd int
+	if err := h.Do(func() (err error) {
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: h.Ifaces[0].Index})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return func(port uint16) *layers.TCP {
+		buf := make([]byte, 2048)
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			n, from, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			pkt := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default)
+			if tcp, ok := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP); ok && tcp.SYN && tcp.ACK && uint16(tcp.DstPort) == port {
+				return tcp
+			}
+		}
+		t.Fatalf("no SYN-ACK to port %d", port)
+		return nil
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// TestSettingsChangedDuringHandshake: the server's namespace turns a TCP
+// option off between moat's SYN-ACK (which offered it) and the client's
+// ACK. The kernel would refuse a request socket with SACK, timestamps or
+// ECN turned off; the connection does without them, as it can. Window
+// scaling it cannot do without (each side would read the other's windows
+// at another scale), nor take a request socket with tcp_syncookies 0: the
+// acceptor counts an accept error, and the kernel answers the ACK.
+func TestSettingsChangedDuringHandshake(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	_, accepted := echoServer(t, s.lab.Server)
+	send := rawSender(t, s.lab.Attacker)
+	catch := synAckCatcher(t, s.lab.Attacker)
+	ifc := s.lab.Attacker.Ifaces[0]
+
+	for i, tc := range []struct {
+		sysctl   string
+		accepted bool
+		want     uint8 // server socket options
+		ecn      bool
+	}{
+		{"tcp_sack", true, optTimestamps | optWScale, true},
+		{"tcp_timestamps", true, optSACK | optWScale, true},
+		{"tcp_ecn", true, optTimestamps | optSACK | optWScale, false},
+		{"tcp_window_scaling", false, 0, false},
+		{"tcp_syncookies", false, 0, false},
+	} {
+		t.Run(tc.sysctl+" off", func(t *testing.T) {
+			port := uint16(41000 + i)
+			frame := func(tcp testpkt.TCP) []byte {
+				tcp.SrcPort, tcp.DstPort = port, labPort
+				return testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC,
+					Net: testpkt.IPv4{Src: ifc.IPv4.Addr(), Dst: ifc.PeerIPv4}, L4: tcp}.Bytes()
+			}
+			// Linux's options, and ECN asked for.
+			send(frame(testpkt.TCP{SYN: true, ECE: true, CWR: true, Seq: clientISN, Options: []layers.TCPOption{
+				testpkt.MSS(1460), testpkt.SACKPermitted(), testpkt.Timestamps(777, 0), testpkt.TCPNOP(), testpkt.WindowScale(7)}}))
+			synack := catch(port)
+			var tsval uint32
+			for _, o := range synack.Options {
+				if o.OptionType == layers.TCPOptionKindTimestamps {
+					tsval = binary.BigEndian.Uint32(o.OptionData)
+				}
+			}
+			if !synack.ECE || tsval == 0 {
+				t.Fatalf("SYN-ACK without ECN or timestamps: %v", synack.Options)
+			}
+
+			setSysctl(t, s.lab.Server, tc.sysctl, "0")
+			before := s.status(t)
+			send(frame(testpkt.TCP{ACK: true, Seq: clientISN + 1, Ack: synack.Seq + 1,
+				Options: []layers.TCPOption{testpkt.TCPNOP(), testpkt.TCPNOP(), testpkt.Timestamps(778, tsval)}}))
+
+			var srv *net.TCPConn
+			select {
+			case srv = <-accepted:
+			case <-time.After(time.Second):
+			}
+			after := s.status(t)
+			if !tc.accepted {
+				if srv != nil {
+					t.Fatal("the server accepted a connection the kernel should have refused")
+				}
+				if after.AcceptErrors != before.AcceptErrors+1 || after.CookiesAccepted != before.CookiesAccepted {
+					t.Fatalf("accept errors %d->%d, cookies accepted %d->%d: want one accept error",
+						before.AcceptErrors, after.AcceptErrors, before.CookiesAccepted, after.CookiesAccepted)
+				}
+				return
+			}
+			if srv == nil {
+				t.Fatalf("nothing accepted: %+v", after)
+			}
+			if after.CookiesAccepted != before.CookiesAccepted+1 || after.AcceptErrors != before.AcceptErrors {
+				t.Fatalf("cookies accepted %d->%d, accept errors %d->%d",
+					before.CookiesAccepted, after.CookiesAccepted, before.AcceptErrors, after.AcceptErrors)
+			}
+			const optECN = 8 // TCPI_OPT_ECN
+			want := tc.want
+			if tc.ecn {
+				want |= optECN
+			}
+			if got := tcpInfo(t, srv).Options & (optTimestamps | optSACK | optWScale | optECN); got != want {
+				t.Errorf("server socket options %#x, want %#x", got, want)
+			}
+		})
 	}
 }

@@ -47,10 +47,10 @@ func newShielded(t *testing.T, mode Mode) *shielded {
 	}
 	var links []link.Link
 	err := l.Server.Do(func() error {
-		if err := CheckSysctls(); err != nil {
+		if _, err := CheckSysctls(); err != nil {
 			return err
 		}
-		if err := Configure(objs.SynSettings, Config{ECN: ECNEnabled()}); err != nil {
+		if err := Configure(objs.SynSettings, Config{}); err != nil {
 			return err
 		}
 		for _, ifc := range l.Server.Ifaces {
@@ -488,5 +488,86 @@ func TestAutoModeUnderSynFlood(t *testing.T) {
 	}
 	if !st.LastChange.After(during.LastChange) {
 		t.Errorf("last change %v not after %v", st.LastChange, during.LastChange)
+	}
+}
+
+// setSysctl writes net.ipv4.name in h's namespace and restores the value
+// it had when the test ends. It then waits out a jiffy (at most 10 ms):
+// the data path reads the settings once per jiffy per CPU and port.
+func setSysctl(t *testing.T, h *lab.Host, name, val string) {
+	t.Helper()
+	path := "/proc/sys/net/ipv4/" + name
+	var old []byte
+	if err := h.Do(func() (err error) {
+		if old, err = os.ReadFile(path); err != nil {
+			return err
+		}
+		return os.WriteFile(path, []byte(val), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	t.Cleanup(func() {
+		h.Do(func() error { return os.WriteFile(path, old, 0) })
+		time.Sleep(20 * time.Millisecond)
+	})
+}
+
+// TestHandshakeFollowsServerSysctls turns off, in the server's namespace
+// and after moat is running, each TCP option the kernel lets an operator
+// turn off. The kernel refuses a request socket with an option its
+// namespace turned off, so moat must stop offering it in the SYN-ACK, as
+// the kernel's own SYN-ACKs do, and the handshake must still go through
+// moat. With tcp_syncookies 0 the kernel would ignore moat's request
+// socket: moat leaves the SYNs to the kernel.
+func TestHandshakeFollowsServerSysctls(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	_, accepted := echoServer(t, s.lab.Server)
+	serverIf := s.lab.Client.Ifaces[0]
+
+	for _, tc := range []struct {
+		sysctl string
+		lost   uint8 // the option the connection must not have
+		byMoat bool  // the handshake goes through a moat cookie
+	}{
+		{"tcp_sack", optSACK, true},
+		{"tcp_timestamps", optTimestamps, true},
+		{"tcp_window_scaling", optWScale, true},
+		{"tcp_syncookies", 0, false},
+	} {
+		for _, addr := range []netip.Addr{serverIf.PeerIPv4, serverIf.PeerIPv6} {
+			t.Run(fmt.Sprintf("%s off ipv%d", tc.sysctl, map[bool]int{true: 4, false: 6}[addr.Is4()]), func(t *testing.T) {
+				setSysctl(t, s.lab.Server, tc.sysctl, "0")
+				before := s.status(t)
+				c := dial(t, s.lab.Client, addr)
+				var srv *net.TCPConn
+				select {
+				case srv = <-accepted:
+				case <-time.After(5 * time.Second):
+					t.Fatal("server accepted nothing")
+				}
+				exchange(t, c, 1<<20)
+				after := s.status(t)
+				if after.AcceptErrors != before.AcceptErrors {
+					t.Errorf("accept errors %d->%d", before.AcceptErrors, after.AcceptErrors)
+				}
+				issued, took := after.CookiesIssued-before.CookiesIssued, after.CookiesAccepted-before.CookiesAccepted
+				if tc.byMoat && (issued != 1 || took != 1) {
+					t.Fatalf("cookies issued +%d, accepted +%d: the handshake did not go through moat", issued, took)
+				}
+				if !tc.byMoat && (issued != 0 || took != 0 || after.SYNsPassed != before.SYNsPassed+1) {
+					t.Fatalf("cookies issued +%d, accepted +%d, syns passed +%d: want the kernel to have the SYN",
+						issued, took, after.SYNsPassed-before.SYNsPassed)
+				}
+				want := uint8(optTimestamps|optSACK|optWScale) &^ tc.lost
+				ci, si := tcpInfo(t, c), tcpInfo(t, srv)
+				if got := si.Options & (optTimestamps | optSACK | optWScale); got != want {
+					t.Errorf("server socket options %#x, want %#x", got, want)
+				}
+				if got := ci.Options & (optTimestamps | optSACK | optWScale); got != want {
+					t.Errorf("client socket options %#x, want %#x", got, want)
+				}
+			})
+		}
 	}
 }

@@ -327,7 +327,7 @@ func setup(t *testing.T) *datapath.MoatObjects {
 	if err := InstallKey(objs.SynKeys, objs.SynRotation, 1, testKeys[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := Configure(objs.SynSettings, Config{ECN: true}); err != nil {
+	if err := Configure(objs.SynSettings, Config{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []struct {
@@ -400,52 +400,141 @@ func TestSynAckBytes(t *testing.T) {
 		frames = append(frames, synFrameECN(c.tags, c.client, c.server, c.tcp, ipECN[c.name]))
 	}
 	rets, outs := verdicts(t, objs.MoatFilter, frames)
-	{
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if rets[i] != uint32(2+1) { // XDP_TX
+				t.Fatalf("verdict %d, want XDP_TX (3)", rets[i])
+			}
+			checkSynAck(t, outs[i], c.tags, c.client, c.server, c.want)
+		})
+	}
+}
+
+// checkSynAck checks out byte by byte against the SYN-ACK moat must send
+// for a SYN from client to server offering want, under testKeys[0] at
+// generation 1, then decodes its cookie with the Go reference.
+func checkSynAck(t *testing.T, out []byte, tags []testpkt.Tag, client, server netip.Addr, want synOpts) {
+	t.Helper()
+	l3 := 14 + 4*len(tags)
+	l4 := l3 + 20
+	if client.Is6() {
+		l4 = l3 + 40
+	}
+	tuple := Tuple{netip.AddrPortFrom(client, clientPort), netip.AddrPortFrom(server, protectedPort)}
+	var gotTS uint32
+	if want.ts {
+		// TSval is the millisecond clock plus a keyed offset (its low
+		// byte then replaced by hash bits): without the offset it is the
+		// clock, which the raw value is not.
+		gotTS = tsvalOf(out, l4)
+		meta := Meta(want.mss, want.hasMSS, want.wscale, want.hasWScale, want.sack, want.ecn, 1, client.Is6())
+		var ts unix.Timespec
+		_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+		nowMS := uint32(ts.Nano() / 1e6)
+		if d := int32(nowMS - (gotTS - TSOffset(testKeys[0], tuple, clientISN, meta))); d < -256 || d > 2000 {
+			t.Errorf("TSval %d less the offset is not moat's millisecond clock (now %d)", gotTS, nowMS)
+		}
+	}
+	wantFrame, cookie, wantTS := expectedSynAck(tags, client, server, want, testKeys[0], 1, gotTS)
+	if !bytes.Equal(out, wantFrame) {
+		t.Fatalf("SYN-ACK differs\n got %x\nwant %x", out, wantFrame)
+	}
+	verifyChecksums(t, out, l3)
+	// The Go reference decodes what the BPF encoded.
+	check := func() (Options, bool) { return Check([2]Key{{}, testKeys[0]}, tuple, clientISN, cookie) }
+	if want.ts {
+		check = func() (Options, bool) { return CheckTS([2]Key{{}, testKeys[0]}, tuple, clientISN, cookie, wantTS) }
+	}
+	got, ok := check()
+	if !ok {
+		t.Fatal("reference rejects the cookie")
+	}
+	if got.SACK != want.sack || got.ECN != want.ecn || got.HasWScale != want.hasWScale {
+		t.Errorf("decoded %+v from %+v", got, want)
+	}
+}
+
+// TestSynAckFollowsSysctls: an option the listener's namespace turned off
+// (net.ipv4.tcp_sack, tcp_timestamps, tcp_window_scaling, tcp_ecn) is not
+// offered in the SYN-ACK nor encoded in the cookie, as in the kernel's own
+// SYN-ACK, from the next jiffy on; with tcp_syncookies 0 the SYN is the
+// kernel's.
+func TestSynAckFollowsSysctls(t *testing.T) {
+	objs := setup(t)
+	linux := []layers.TCPOption{testpkt.MSS(1460), testpkt.SACKPermitted(), testpkt.Timestamps(777, 0), testpkt.TCPNOP(), testpkt.WindowScale(7)}
+	all := synOpts{mss: 1460, hasMSS: true, wscale: 7, hasWScale: true, sack: true, ts: true, tsval: 777, ecn: true}
+	cases := []struct {
+		sysctl  string
+		want    synOpts
+		verdict uint32
+	}{
+		{"tcp_sack", synOpts{mss: 1460, hasMSS: true, wscale: 7, hasWScale: true, ts: true, tsval: 777, ecn: true}, 3},
+		{"tcp_timestamps", synOpts{mss: 1460, hasMSS: true, wscale: 7, hasWScale: true, sack: true, ecn: true}, 3},
+		{"tcp_window_scaling", synOpts{mss: 1460, hasMSS: true, sack: true, ts: true, tsval: 777, ecn: true}, 3},
+		{"tcp_ecn", synOpts{mss: 1460, hasMSS: true, wscale: 7, hasWScale: true, sack: true, ts: true, tsval: 777}, 3},
+		{"", all, 3}, // all on again: everything offered
+		{"tcp_syncookies", synOpts{}, 2},
+	}
+	type result struct {
+		ret uint32
+		out []byte
+	}
+	var syns [][]byte
+	for _, addr := range [][2]netip.Addr{{client4, server4}, {client6, server6}} {
+		syns = append(syns, synFrame(nil, addr[0], addr[1], testpkt.TCP{ECE: true, CWR: true, Options: linux}))
+	}
+	results := make([][]result, len(cases))
+	withListener(t, func() {
 		for i, c := range cases {
-			t.Run(c.name, func(t *testing.T) {
-				ret, out := rets[i], outs[i]
-				if ret != uint32(2+1) { // XDP_TX
-					t.Fatalf("verdict %d, want XDP_TX (3)", ret)
+			if c.sysctl != "" {
+				if err := os.WriteFile("/proc/sys/net/ipv4/"+c.sysctl, []byte("0"), 0); err != nil {
+					t.Errorf("turn %s off: %v", c.sysctl, err)
+					return
 				}
-				l3 := 14 + 4*len(c.tags)
-				l4 := l3 + 20
-				if c.client.Is6() {
-					l4 = l3 + 40
+			}
+			// The data path reads the settings once per jiffy (at most
+			// 10 ms) per CPU and port.
+			time.Sleep(20 * time.Millisecond)
+			for _, f := range syns {
+				ret, out := run(t, objs.MoatFilter, f)
+				results[i] = append(results[i], result{ret, out})
+			}
+			if c.sysctl != "" {
+				on := "1"
+				if c.sysctl == "tcp_ecn" {
+					on = "2"
 				}
-				tuple := Tuple{netip.AddrPortFrom(c.client, clientPort), netip.AddrPortFrom(c.server, protectedPort)}
-				var gotTS uint32
-				if c.want.ts {
-					// TSval is the millisecond clock plus a keyed offset
-					// (its low byte then replaced by hash bits): without the
-					// offset it is the clock, which the raw value is not.
-					gotTS = tsvalOf(out, l4)
-					meta := Meta(c.want.mss, c.want.hasMSS, c.want.wscale, c.want.hasWScale, c.want.sack, c.want.ecn, 1, c.client.Is6())
-					var ts unix.Timespec
-					_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
-					nowMS := uint32(ts.Nano() / 1e6)
-					if d := int32(nowMS - (gotTS - TSOffset(testKeys[0], tuple, clientISN, meta))); d < -256 || d > 2000 {
-						t.Errorf("TSval %d less the offset is not moat's millisecond clock (now %d)", gotTS, nowMS)
+				if err := os.WriteFile("/proc/sys/net/ipv4/"+c.sysctl, []byte(on), 0); err != nil {
+					t.Errorf("turn %s on: %v", c.sysctl, err)
+					return
+				}
+			}
+		}
+	})
+	before := portStatus(t, objs, protectedPort)
+	for i, c := range cases {
+		for j, addr := range [][2]netip.Addr{{client4, server4}, {client6, server6}} {
+			name := c.sysctl + " off"
+			if c.sysctl == "" {
+				name = "all on"
+			}
+			t.Run(fmt.Sprintf("%s ipv%d", name, 4+2*j), func(t *testing.T) {
+				r := results[i][j]
+				if r.ret != c.verdict {
+					t.Fatalf("verdict %d, want %d", r.ret, c.verdict)
+				}
+				if c.verdict == 2 {
+					if !bytes.Equal(r.out[:len(syns[j])], syns[j]) {
+						t.Fatal("a passed SYN was modified")
 					}
+					return
 				}
-				want, cookie, wantTS := expectedSynAck(c.tags, c.client, c.server, c.want, testKeys[0], 1, gotTS)
-				if !bytes.Equal(out, want) {
-					t.Fatalf("SYN-ACK differs\n got %x\nwant %x", out, want)
-				}
-				verifyChecksums(t, out, l3)
-				// The Go reference decodes what the BPF encoded.
-				check := func() (Options, bool) { return Check([2]Key{{}, testKeys[0]}, tuple, clientISN, cookie) }
-				if c.want.ts {
-					check = func() (Options, bool) { return CheckTS([2]Key{{}, testKeys[0]}, tuple, clientISN, cookie, wantTS) }
-				}
-				got, ok := check()
-				if !ok {
-					t.Fatal("reference rejects the cookie")
-				}
-				if got.SACK != c.want.sack || got.ECN != c.want.ecn || got.HasWScale != c.want.hasWScale {
-					t.Errorf("decoded %+v from %+v", got, c.want)
-				}
+				checkSynAck(t, r.out, nil, addr[0], addr[1], c.want)
 			})
 		}
+	}
+	if before.SYNsPassed != 2 {
+		t.Errorf("syns passed %d, want the 2 sent with tcp_syncookies 0", before.SYNsPassed)
 	}
 }
 
