@@ -380,3 +380,79 @@ func TestSettingsChangedDuringHandshake(t *testing.T) {
 		})
 	}
 }
+
+// TestKernelCookieACKs: a handshake whose SYN-ACK the kernel sent with its
+// own cookie (before moat turned to cookies, or for a SYN moat left to
+// it) completes through the ACK filter; the same ACK with a cookie bit
+// flipped is dropped in XDP and never reaches the kernel.
+func TestKernelCookieACKs(t *testing.T) {
+	s := newShielded(t, ModeNever)
+	_, accepted := echoServer(t, s.lab.Server)
+	setSysctl(t, s.lab.Server, "tcp_syncookies", "2") // the kernel answers every SYN with a cookie
+	send := rawSender(t, s.lab.Attacker)
+	catch := synAckCatcher(t, s.lab.Attacker)
+	ifc := s.lab.Attacker.Ifaces[0]
+
+	for i, tc := range []struct {
+		name    string
+		src     netip.Addr
+		dst     netip.Addr
+		flip    uint32
+		accepts bool
+	}{
+		{"ipv4 valid", ifc.IPv4.Addr(), ifc.PeerIPv4, 0, true},
+		{"ipv4 cookie bit flipped", ifc.IPv4.Addr(), ifc.PeerIPv4, 1 << 3, false},
+		{"ipv6 valid", ifc.IPv6.Addr(), ifc.PeerIPv6, 0, true},
+		{"ipv6 cookie bit flipped", ifc.IPv6.Addr(), ifc.PeerIPv6, 1 << 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := uint16(42000 + i)
+			frame := func(tcp testpkt.TCP) []byte {
+				tcp.SrcPort, tcp.DstPort = port, labPort
+				var n testpkt.Network = testpkt.IPv4{Src: tc.src, Dst: tc.dst}
+				if tc.src.Is6() {
+					n = testpkt.IPv6{Src: tc.src, Dst: tc.dst}
+				}
+				return testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC, Net: n, L4: tcp}.Bytes()
+			}
+			if err := Protect(s.objs.SynPorts, s.objs.SynCounters, labPort, ModeNever, 0); err != nil {
+				t.Fatal(err)
+			}
+			// No timestamps: the kernel's cookie then lives in the
+			// sequence number alone.
+			send(frame(testpkt.TCP{SYN: true, Seq: clientISN, Options: []layers.TCPOption{testpkt.MSS(1400)}}))
+			synack := catch(port)
+			if st := s.status(t); st.CookiesIssued != 0 {
+				t.Fatalf("moat answered a SYN in never mode: %+v", st)
+			}
+
+			if err := Protect(s.objs.SynPorts, s.objs.SynCounters, labPort, ModeAlways, 0); err != nil {
+				t.Fatal(err)
+			}
+			before := s.status(t)
+			send(frame(testpkt.TCP{ACK: true, Seq: clientISN + 1, Ack: (synack.Seq + 1) ^ tc.flip}))
+			var srv *net.TCPConn
+			select {
+			case srv = <-accepted:
+			case <-time.After(time.Second):
+			}
+			after := s.status(t)
+			if tc.accepts {
+				if srv == nil {
+					t.Fatalf("the kernel's cookie ACK was not accepted: %+v", after)
+				}
+				if after.ACKsDropped != before.ACKsDropped {
+					t.Errorf("acks dropped %d->%d", before.ACKsDropped, after.ACKsDropped)
+				}
+				return
+			}
+			if srv != nil {
+				t.Fatal("an ACK with a forged kernel cookie was accepted")
+			}
+			if after.ACKsDropped != before.ACKsDropped+1 || after.CookiesRejected != before.CookiesRejected+1 {
+				t.Errorf("acks dropped %d->%d, cookies rejected %d->%d: want the ACK dropped in XDP",
+					before.ACKsDropped, after.ACKsDropped, before.CookiesRejected, after.CookiesRejected)
+			}
+		})
+	}
+}
