@@ -337,7 +337,7 @@ func (c *Config) check(e *errs) {
 			continue
 		}
 		if _, err := shield.ParseMode(ifc.Mode); err != nil {
-			at(ifc.Line, "%s: invalid mode %q: want auto, native or generic", path, ifc.Mode)
+			key(path+".mode", "invalid mode %q: want auto, native or generic", ifc.Mode)
 		}
 	}
 
@@ -419,7 +419,7 @@ func (c *Config) check(e *errs) {
 			synPorts[p.Port] = p.Line
 		}
 		if m, err := syncookie.ParseMode(p.Mode); err != nil || m == syncookie.ModeOff {
-			at(p.Line, "%s: invalid mode %q: want auto, always or never", path, p.Mode)
+			key(path+".mode", "invalid mode %q: want auto, always or never", p.Mode)
 		}
 	}
 	if len(synPorts) > syncookie.MaxProtectedPorts {

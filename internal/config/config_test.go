@@ -57,12 +57,12 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"overlapping ports", "ports:\n  - rule: tcp/1000-2000\n    action: drop\n  - rule: tcp/1500\n    action: allow\n", 4, "overlaps tcp/1000-2000 (line 2)"},
 		{"wrong kind", "interfaces:\n  name: eth0\n", 2, "want a list"},
 		{"not a number", "syn:\n  ports:\n    - port: https\n", 3, "want a whole number"},
-		{"port out of range", "syn:\n  ports:\n    - port: 70000\n", 3, "from 0 to 65535"},
+		{"port out of range", "syn:\n  ports:\n    - port: 70000\n", 3, `up to 65535, not "70000"`},
 		{"bad duration", "syn:\n  rotate_every: 60\n", 2, "want a duration"},
 		{"short rotation", "syn:\n  rotate_every: 10ms\n", 2, "too short"},
-		{"bad syn mode", "syn:\n  ports:\n    - port: 443\n      mode: sometimes\n", 3, `invalid mode "sometimes"`},
+		{"bad syn mode", "syn:\n  ports:\n    - port: 443\n      mode: sometimes\n", 4, `invalid mode "sometimes"`},
 		{"duplicate syn port", "syn:\n  ports:\n    - port: 443\n    - port: 443\n", 4, "tcp/443 is listed twice"},
-		{"bad iface mode", "interfaces:\n  - name: eth0\n    mode: turbo\n", 2, `invalid mode "turbo"`},
+		{"bad iface mode", "interfaces:\n  - name: eth0\n    mode: turbo\n", 3, `invalid mode "turbo"`},
 		{"bad iface name", "interfaces:\n  - name: this-name-is-far-too-long\n", 2, "not a valid interface name"},
 		{"duplicate iface", "interfaces:\n  - name: eth0\n  - name: eth0\n", 3, "listed twice"},
 		{"bad policy", "policy:\n  fragments: maybe\n", 2, `invalid policy "maybe"`},
@@ -109,7 +109,7 @@ syn:
   rotate_every: soon
 `
 	got := parseErrors(t, text)
-	wantLines := []string{"line 2:", "line 5:", "line 8:", "line 10:", "line 12:"}
+	wantLines := []string{"line 3:", "line 5:", "line 8:", "line 10:", "line 12:"}
 	if len(got) != len(wantLines) {
 		t.Fatalf("got %d errors, want %d:\n%s", len(got), len(wantLines), strings.Join(got, "\n"))
 	}

@@ -214,7 +214,7 @@ func decode(n *yaml.Node, v reflect.Value, path string, e *errs) {
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		x, err := strconv.ParseUint(n.Value, 10, v.Type().Bits())
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || err != nil {
-			e.at(n, "%s: want a whole number from 0 to %d, not %s", path, uint64(1)<<v.Type().Bits()-1, describe(n))
+			e.at(n, "%s: want a whole number up to %d, not %s", path, uint64(1)<<v.Type().Bits()-1, describe(n))
 			return
 		}
 		v.SetUint(x)

@@ -712,7 +712,7 @@ func TestCheckConfigCommand(t *testing.T) {
 		t.Fatalf("check-config of a bad file: %v, want exit status 2\n%s", err, errb.String())
 	}
 	lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
-	want := []string{bad + ":2: interfaces[1]: invalid mode", bad + ":5: deny[1]: invalid CIDR", bad + ":7: syn.rotate_every: want a duration", "moat: " + bad + ": 3 errors"}
+	want := []string{bad + ":3: interfaces[1].mode: invalid mode", bad + ":5: deny[1]: invalid CIDR", bad + ":7: syn.rotate_every: want a duration", "moat: " + bad + ": 3 errors"}
 	if len(lines) != len(want) {
 		t.Fatalf("stderr has %d lines, want %d:\n%s", len(lines), len(want), errb.String())
 	}
