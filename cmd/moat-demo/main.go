@@ -78,7 +78,7 @@ func run(ctx context.Context, floodCount uint64, synFor time.Duration) error {
 	}
 	defer l.Close()
 	root := fmt.Sprintf("/sys/fs/bpf/moat-demo-%d", os.Getpid())
-	defer os.RemoveAll(root)
+	defer removeRoot(root)
 
 	srv, cli, att := l.Server, l.Client, l.Attacker
 	fmt.Printf("   server %s (%s, %s), client %s, attacker %s, spoofed sources %s\n",
@@ -152,7 +152,7 @@ func run(ctx context.Context, floodCount uint64, synFor time.Duration) error {
 
 	// Part two gets its own pin root: part one's detach removed its own.
 	synRoot := root + "-syn"
-	defer os.RemoveAll(synRoot)
+	defer removeRoot(synRoot)
 	return synFloodPart(ctx, l, moat, synRoot, synFor)
 }
 
@@ -352,4 +352,15 @@ func sendDatagrams(h *lab.Host, dst netip.Addr) error {
 		}
 		return nil
 	})
+}
+
+// removeRoot removes a pin root of the demo's own and the lock files that
+// moat's commands left for it in /run (the state's and the capture's):
+// the root is gone, so is the need for its locks.
+func removeRoot(root string) {
+	os.RemoveAll(root)
+	locks, _ := filepath.Glob("/run/moat-*-" + filepath.Base(root) + ".lock")
+	for _, l := range locks {
+		os.Remove(l)
+	}
 }
