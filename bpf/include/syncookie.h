@@ -17,6 +17,7 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 
 #include "parsing.h"
 #include "siphash.h"
@@ -97,6 +98,10 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 
 	if (!skc)
 		return 0;
+	/* A kernel without network namespaces has one set of settings and
+	 * no pointer to it here: every option is taken for on. */
+	if (!bpf_core_field_exists(skc->skc_net.net))
+		return SYN_NET_COOKIES | SYN_NET_SACK | SYN_NET_TS | SYN_NET_WSCALE | SYN_NET_ECN;
 	net = skc->skc_net.net;
 	if (!net)
 		return 0;
@@ -851,6 +856,11 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	return XDP_TX;
 
 refuse:
+	/* Where the kernel takes no cookie handshake (tcp_syncookies 0, as
+	 * last read for a SYN to this port on this CPU), the port is not in
+	 * cookie mode at all: these SYNs are the kernel's too. */
+	if (st->net_jiffies && !(st->net_settings & SYN_NET_COOKIES))
+		return SYN_CONTINUE;
 	st->syns_dropped++;
 	return XDP_DROP;
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -234,8 +235,12 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			if s.SynErr != nil {
 				warnings = append(warnings, fmt.Sprintf("some protected ports have no counters slot, and moat leaves their SYNs to the kernel: %v", s.SynErr))
 			}
+			cookies := slices.ContainsFunc(ports, func(p syncookie.PortStatus) bool { return p.Mode != syncookie.ModeNever.String() })
+			if _, err := syncookie.CheckSysctls(); err != nil && cookies {
+				warnings = append(warnings, err.Error())
+			}
 			if s.SynOlderFilter != "" {
-				warnings = append(warnings, fmt.Sprintf("%s runs an older moat filter, which counts in its own map and protects only the ports it was given; "+
+				warnings = append(warnings, fmt.Sprintf("%s runs an older moat filter, which counts in a map of its own (and may protect only the ports it was given); "+
 					"run `moat attach %s` to load this version's", s.SynOlderFilter, s.SynOlderFilter))
 			}
 			if asJSON {

@@ -971,8 +971,25 @@ func TestSYNPortsNeedTheSysctls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	if ps, err := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts)); err != nil || len(ps) != 1 {
+	ps, err := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts))
+	s.Close() // the state's lock: moat commands below take it
+	if err != nil || len(ps) != 1 {
 		t.Errorf("protected ports %v (%v), want tcp/443", ps, err)
+	}
+
+	// tcp_syncookies turned off under a running daemon: the data path
+	// leaves SYNs to the kernel, and syn status says why.
+	if err := e.lab.Server.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_syncookies", []byte("0"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st := e.lab.Server.Command(ctx, moatBin, "syn", "status")
+	st.Env = append(os.Environ(), "MOAT_SOCKET="+e.sock, "MOAT_ROOT="+e.root)
+	out, err := st.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "net.ipv4.tcp_syncookies is 0") {
+		t.Errorf("syn status with tcp_syncookies 0 (%v):\n%s", err, out)
 	}
 }

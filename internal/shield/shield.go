@@ -13,10 +13,12 @@
 package shield
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -194,8 +196,15 @@ func (s *Shield) openMaps() error {
 			want := s.spec.Maps[name].Copy()
 			want.Flags = withAccessFlags(want.Flags, m)
 			if err := want.Compatible(m); err != nil {
-				m.Close()
-				return fmt.Errorf("pinned map %s does not match this version of moat: %w", name, err)
+				migrate, ok := resizable[name]
+				if !ok || m.Type() != want.Type || m.KeySize() != want.KeySize || m.MaxEntries() != want.MaxEntries {
+					m.Close()
+					return fmt.Errorf("pinned map %s does not match this version of moat: %w", name, err)
+				}
+				// Pinned by a moat whose values had another size.
+				if m, err = s.replaceMap(name, path, m, migrate); err != nil {
+					return fmt.Errorf("replace pinned map %s of an older moat: %w", name, err)
+				}
 			}
 			s.maps[name] = m
 		}
@@ -225,6 +234,73 @@ func (s *Shield) openMaps() error {
 	}
 	if err := os.Rename(tmp, s.mapsDir()); err != nil {
 		return fmt.Errorf("pin maps: %w", err)
+	}
+	return nil
+}
+
+// resizable are the shared maps whose values an older moat pinned at
+// another size and that a newer one may take over: openMaps replaces such
+// a map with one of this version's shape and the function carries over
+// what still means the same.
+var resizable = map[string]func(old, cur *ebpf.Map) error{
+	datapath.MoatMapSynCounters: carrySynCounters,
+}
+
+// replaceMap creates name anew, lets migrate fill it from old, and pins it
+// in old's place (a rename: a reader opens one or the other, never
+// neither). Programs attached earlier keep the old map until they are
+// replaced, as `moat attach` and the daemon's start do.
+func (s *Shield) replaceMap(name, path string, old *ebpf.Map, migrate func(old, cur *ebpf.Map) error) (*ebpf.Map, error) {
+	defer old.Close()
+	m, err := ebpf.NewMap(s.spec.Maps[name])
+	if err != nil {
+		return nil, err
+	}
+	if err := migrate(old, m); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("carry %s over: %w", name, err)
+	}
+	next := path + "-new"
+	os.Remove(next)
+	if err := m.Pin(next); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if err := os.Rename(next, path); err != nil {
+		m.Unpin()
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// carrySynCounters copies every protected port's counters (per CPU, by
+// slot), which lead struct syn_port_stats in every version; the fields
+// after them are the data path's flood windows and caches, which start
+// afresh.
+func carrySynCounters(old, cur *ebpf.Map) error {
+	n := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.WinStartNs))
+	if int(old.ValueSize()) < n {
+		return fmt.Errorf("values of %d bytes hold no counters of %d", old.ValueSize(), n)
+	}
+	var in [][]byte
+	for slot := uint32(0); slot < old.MaxEntries(); slot++ {
+		if err := old.Lookup(slot, &in); err != nil {
+			return err
+		}
+		out := make([][]byte, len(in))
+		used := false
+		for cpu, v := range in {
+			out[cpu] = make([]byte, cur.ValueSize())
+			copy(out[cpu], v[:n])
+			used = used || !bytes.Equal(v[:n], make([]byte, n))
+		}
+		if !used {
+			continue
+		}
+		if err := cur.Update(slot, out, ebpf.UpdateAny); err != nil {
+			return err
+		}
 	}
 	return nil
 }

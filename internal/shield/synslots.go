@@ -36,7 +36,11 @@ func (s *Shield) ensureSynSlots() error {
 	legacyPath := filepath.Join(s.mapsDir(), legacySynStats)
 	legacy, err := ebpf.LoadPinnedMap(legacyPath, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil // state of this version: every protected port has a slot
+		// State of this version: every protected port has a slot. A
+		// filter loaded before syn_counters was last replaced (its values
+		// grew) still counts in the map it was loaded with.
+		s.SynOlderFilter, err = s.filterWithout(datapath.MoatMapSynCounters)
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("open %s: %w", legacySynStats, err)

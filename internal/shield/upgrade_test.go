@@ -2,6 +2,7 @@ package shield_test
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"os"
@@ -284,5 +285,99 @@ func TestAttachAfterTheInterfaceWasMadeAgain(t *testing.T) {
 	// Attaching again now replaces in place, as on any live interface.
 	if res, err := s.Attach(a, shield.ModeGeneric); err != nil || !res.Replaced {
 		t.Fatalf("attach again: %+v, %v", res, err)
+	}
+}
+
+// TestOpenTakesOverResizedSynCounters checks the upgrade from state whose
+// syn_counters values an older moat made smaller (its data path kept fewer
+// per-CPU caches after the counters): Open replaces the map with one of
+// this version's shape and carries every port's counters over; a filter
+// still attached from before counts in the old map, which Open names,
+// until attach replaces it.
+func TestOpenTakesOverResizedSynCounters(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
+	if err := syncookie.Protect(ports, counters, 443, syncookie.ModeAlways, 0); err != nil {
+		t.Fatal(err)
+	}
+	pe, err := syncookie.ProtectedPorts(ports)
+	if err != nil || len(pe) != 1 {
+		t.Fatalf("protected ports %v (%v)", pe, err)
+	}
+	slot := uint32(pe[0].Entry.Slot)
+
+	// The older shape: 200-byte values, counters first.
+	const oldSize = 200
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: oldSize, MaxEntries: counters.MaxEntries()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	vals := make([][]byte, ebpf.MustPossibleCPU())
+	for cpu := range vals {
+		vals[cpu] = make([]byte, oldSize)
+		binary.NativeEndian.PutUint64(vals[cpu][0:], 7)  // syns
+		binary.NativeEndian.PutUint64(vals[cpu][8:], 5)  // cookies_issued
+		binary.NativeEndian.PutUint64(vals[cpu][64:], 2) // syns_passed
+		for i := 72; i < oldSize; i++ {
+			vals[cpu][i] = 0xee // the old data path's windows and caches
+		}
+	}
+	if err := older.Update(slot, vals, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	pin := filepath.Join(root, "maps", datapath.MoatMapSynCounters)
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	ncpu := uint64(ebpf.MustPossibleCPU())
+	for round := 0; round < 2; round++ { // the second Open finds nothing to do
+		s, err = shield.Open(root)
+		if err != nil {
+			t.Fatalf("round %d: open state with smaller syn_counters values: %v", round, err)
+		}
+		m := s.Map(datapath.MoatMapSynCounters)
+		if want := uint32(binary.Size(datapath.MoatSynPortStats{})); m.ValueSize() != want {
+			t.Errorf("round %d: syn_counters values of %d bytes, want %d", round, m.ValueSize(), want)
+		}
+		st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st) != 1 || st[0].SYNs != 7*ncpu || st[0].CookiesIssued != 5*ncpu || st[0].SYNsPassed != 2*ncpu {
+			t.Errorf("round %d: status %+v, want the old counters of tcp/443", round, st)
+		}
+		var per []datapath.MoatSynPortStats
+		if err := m.Lookup(slot, &per); err != nil {
+			t.Fatal(err)
+		}
+		if per[0].ClockJiffies != 0 || per[0].WinSyns != 0 {
+			t.Errorf("round %d: the old caches came along: %+v", round, per[0])
+		}
+		if s.SynOlderFilter != a {
+			t.Errorf("round %d: older filter %q, want %s, which still counts in the old map", round, s.SynOlderFilter, a)
+		}
+		s.Close()
+	}
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
+		t.Fatal(err)
+	}
+	if s.SynOlderFilter != "" {
+		t.Errorf("after replacing the filter, older filter %q still named", s.SynOlderFilter)
 	}
 }

@@ -599,6 +599,7 @@ var sysctlsRead = []struct {
 	{"tcp_sack", false, "moat's SYN-ACKs offer no SACK, as the kernel's do not"},
 	{"tcp_timestamps", false, "moat's SYN-ACKs offer no timestamps, as the kernel's do not"},
 	{"tcp_window_scaling", false, "moat's SYN-ACKs offer no window scaling, as the kernel's do not"},
+	{"tcp_ecn", false, "moat's SYN-ACKs agree to no ECN, as the kernel's do not"},
 }
 
 // CheckSysctls checks, in the network namespace of the calling thread,

@@ -56,7 +56,7 @@ func TestCheckSysctlsNamesWhatIsWrong(t *testing.T) {
 			}
 		}
 	}
-	write(map[string]string{"tcp_syncookies": "0\n", "tcp_sack": "1\n", "tcp_timestamps": "1\n", "tcp_window_scaling": "0\n"})
+	write(map[string]string{"tcp_syncookies": "0\n", "tcp_sack": "1\n", "tcp_timestamps": "1\n", "tcp_window_scaling": "0\n", "tcp_ecn": "2\n"})
 	notes, err := checkSysctlsIn(dir)
 	if err == nil || !strings.Contains(err.Error(), "net.ipv4.tcp_syncookies is 0") || strings.Contains(err.Error(), "\n") {
 		t.Errorf("error %v, want one line naming net.ipv4.tcp_syncookies", err)
@@ -68,12 +68,12 @@ func TestCheckSysctlsNamesWhatIsWrong(t *testing.T) {
 		t.Errorf("notes %q, want one for tcp_window_scaling", notes)
 	}
 
-	write(map[string]string{"tcp_syncookies": "2\n", "tcp_sack": "0\n", "tcp_timestamps": "2\n", "tcp_window_scaling": "1\n"})
+	write(map[string]string{"tcp_syncookies": "2\n", "tcp_sack": "0\n", "tcp_timestamps": "2\n", "tcp_window_scaling": "1\n", "tcp_ecn": "0\n"})
 	notes, err = checkSysctlsIn(dir)
-	if err != nil || len(notes) != 1 || !strings.Contains(notes[0], "net.ipv4.tcp_sack is 0") {
-		t.Errorf("sack off: error %v, notes %q", err, notes)
+	if err != nil || len(notes) != 2 || !strings.Contains(notes[0], "net.ipv4.tcp_sack is 0") || !strings.Contains(notes[1], "net.ipv4.tcp_ecn is 0") {
+		t.Errorf("sack and ecn off: error %v, notes %q", err, notes)
 	}
-	write(map[string]string{"tcp_sack": "1\n"})
+	write(map[string]string{"tcp_sack": "1\n", "tcp_ecn": "1\n"})
 	if notes, err := checkSysctlsIn(dir); err != nil || len(notes) != 0 {
 		t.Errorf("all on: error %v, notes %q", err, notes)
 	}

@@ -296,8 +296,9 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // TestSettingsChangedDuringHandshake: the server's namespace turns a TCP
 // option off between moat's SYN-ACK (which offered it) and the client's
-// ACK. The kernel would refuse a request socket with SACK, timestamps or
-// ECN turned off; the connection does without them, as it can. Window
+// ACK. The kernel would refuse a request socket with SACK or timestamps
+// turned off (and drops ECN itself); the connection does without them, as
+// it can. Window
 // scaling it cannot do without (each side would read the other's windows
 // at another scale), nor take a request socket with tcp_syncookies 0: the
 // acceptor counts an accept error, and the kernel answers the ACK.

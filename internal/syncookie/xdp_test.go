@@ -483,6 +483,11 @@ func TestSynAckFollowsSysctls(t *testing.T) {
 	for _, addr := range [][2]netip.Addr{{client4, server4}, {client6, server6}} {
 		syns = append(syns, synFrame(nil, addr[0], addr[1], testpkt.TCP{ECE: true, CWR: true, Options: linux}))
 	}
+	// A SYN carrying data: refused in cookie mode, the kernel's where
+	// the kernel takes no cookie handshake. Sent after the others, so
+	// the settings it meets are read.
+	withData := synFrame(nil, client4, server4, testpkt.TCP{Options: linux, Payload: []byte("GET / HTTP/1.0\r\n\r\n")})
+	dataVerdicts := make([]uint32, len(cases))
 	results := make([][]result, len(cases))
 	withListener(t, func() {
 		for i, c := range cases {
@@ -499,6 +504,7 @@ func TestSynAckFollowsSysctls(t *testing.T) {
 				ret, out := run(t, objs.MoatFilter, f)
 				results[i] = append(results[i], result{ret, out})
 			}
+			dataVerdicts[i], _ = run(t, objs.MoatFilter, withData)
 			if c.sysctl != "" {
 				on := "1"
 				if c.sysctl == "tcp_ecn" {
@@ -533,8 +539,18 @@ func TestSynAckFollowsSysctls(t *testing.T) {
 			})
 		}
 	}
-	if before.SYNsPassed != 2 {
-		t.Errorf("syns passed %d, want the 2 sent with tcp_syncookies 0", before.SYNsPassed)
+	for i, c := range cases {
+		want := uint32(1) // XDP_DROP
+		if c.verdict == 2 {
+			want = 2
+		}
+		if dataVerdicts[i] != want {
+			t.Errorf("%s off: SYN with data got verdict %d, want %d", c.sysctl, dataVerdicts[i], want)
+		}
+	}
+	if before.SYNsPassed != 3 || before.SYNsDropped != uint64(len(cases)-1) {
+		t.Errorf("syns passed %d, dropped %d; want the 3 sent with tcp_syncookies 0 passed and the other SYNs with data dropped",
+			before.SYNsPassed, before.SYNsDropped)
 	}
 }
 
