@@ -166,13 +166,7 @@ func TestHandshakeKeepsECN(t *testing.T) {
 		setSysctl(t, s.lab.Server, "tcp_ecn", serverECN)
 		for _, addr := range []netip.Addr{s.lab.Client.Ifaces[0].PeerIPv4, s.lab.Client.Ifaces[0].PeerIPv6} {
 			before := s.status(t)
-			c := dial(t, s.lab.Client, addr)
-			var srv *net.TCPConn
-			select {
-			case srv = <-accepted:
-			case <-time.After(5 * time.Second):
-				t.Fatal("server accepted nothing")
-			}
+			c, srv := dialAccepted(t, s.lab.Client, addr, accepted)
 			exchange(t, c, 4096)
 			if st := s.status(t); st.CookiesAccepted != before.CookiesAccepted+1 {
 				t.Fatalf("%s: not a moat handshake: %+v", addr, st)

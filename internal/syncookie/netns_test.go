@@ -168,6 +168,19 @@ func dial(t *testing.T, h *lab.Host, addr netip.Addr) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
+// dialAccepted connects from h to addr and returns both ends: the client's
+// connection and the server's, as the echo server accepted it.
+func dialAccepted(t *testing.T, h *lab.Host, addr netip.Addr, accepted <-chan *net.TCPConn) (c, srv *net.TCPConn) {
+	t.Helper()
+	c = dial(t, h, addr)
+	select {
+	case srv = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("server accepted nothing")
+	}
+	return c, srv
+}
+
 // exchange sends n random bytes and reads them back through the echo
 // server: data flows both ways, enough to need window scaling.
 func exchange(t *testing.T, c *net.TCPConn, n int) {
@@ -262,13 +275,7 @@ func TestHandshakeKeepsOptions(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := s.status(t)
-			c := dial(t, s.lab.Client, tc.addr)
-			var srv *net.TCPConn
-			select {
-			case srv = <-accepted:
-			case <-time.After(5 * time.Second):
-				t.Fatal("server accepted nothing")
-			}
+			c, srv := dialAccepted(t, s.lab.Client, tc.addr, accepted)
 			exchange(t, c, 1<<20)
 
 			after := s.status(t)
@@ -539,13 +546,7 @@ func TestHandshakeFollowsServerSysctls(t *testing.T) {
 			t.Run(fmt.Sprintf("%s off ipv%d", tc.sysctl, map[bool]int{true: 4, false: 6}[addr.Is4()]), func(t *testing.T) {
 				setSysctl(t, s.lab.Server, tc.sysctl, "0")
 				before := s.status(t)
-				c := dial(t, s.lab.Client, addr)
-				var srv *net.TCPConn
-				select {
-				case srv = <-accepted:
-				case <-time.After(5 * time.Second):
-					t.Fatal("server accepted nothing")
-				}
+				c, srv := dialAccepted(t, s.lab.Client, addr, accepted)
 				exchange(t, c, 1<<20)
 				after := s.status(t)
 				if after.AcceptErrors != before.AcceptErrors {
