@@ -993,3 +993,46 @@ func TestSYNPortsNeedTheSysctls(t *testing.T) {
 		t.Errorf("syn status with tcp_syncookies 0 (%v):\n%s", err, out)
 	}
 }
+
+// TestSynProtectNotesOptionsTurnedOff: `moat syn protect` in a namespace
+// with a TCP option turned off protects the port and notes that moat will
+// not offer the option; with tcp_syncookies 0 it refuses with a one-line
+// error and protects nothing.
+func TestSynProtectNotesOptionsTurnedOff(t *testing.T) {
+	e := newEnv(t)
+	run := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := e.lab.Server.Command(ctx, moatBin, append([]string{"--root", e.root}, args...)...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		return out.String(), err
+	}
+	sysctl := func(name, val string) {
+		if err := e.lab.Server.Do(func() error {
+			return os.WriteFile("/proc/sys/net/ipv4/"+name, []byte(val), 0)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sysctl("tcp_timestamps", "0")
+	out, err := run("syn", "protect", "tcp/443", "--mode", "always")
+	if err != nil || !strings.Contains(out, "note: net.ipv4.tcp_timestamps is 0: moat's SYN-ACKs offer no timestamps") {
+		t.Errorf("syn protect with tcp_timestamps 0 (%v):\n%s", err, out)
+	}
+	sysctl("tcp_syncookies", "0")
+	out, err = run("syn", "protect", "tcp/444", "--mode", "always")
+	if err == nil || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "net.ipv4.tcp_syncookies is 0") {
+		t.Errorf("syn protect with tcp_syncookies 0 (%v), want one line naming it:\n%s", err, out)
+	}
+	s, err := shield.Open(e.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts))
+	s.Close()
+	if err != nil || len(ps) != 1 || ps[0].Port != 443 {
+		t.Errorf("protected ports %v (%v), want tcp/443 alone", ps, err)
+	}
+}
