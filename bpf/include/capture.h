@@ -95,7 +95,7 @@ static __always_inline int capture_parse(struct xdp_md *ctx, struct packet *p)
 		return ret;
 	p->l3_off = c.pos - data;
 	if (proto == bpf_htons(ETH_P_IP)) {
-		ret = parse_ipv4(&c, p, &l4proto);
+		ret = parse_ipv4(&c, p, &l4proto, 0);
 		if (ret != PARSE_OK)
 			return ret;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {

@@ -48,7 +48,7 @@ struct ipv6_frag_hdr {
 
 struct cursor {
 	void *pos;
-	void *end;    /* end of the frame (ctx->data_end) */
+	void *end;    /* end of the bytes the program can read (data_end) */
 	void *l3_end; /* end of the IP datagram as its header declares */
 };
 
@@ -129,7 +129,12 @@ static __always_inline int parse_eth(struct cursor *c, struct packet *p, __u16 *
 	return PARSE_OK;
 }
 
-static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *l4proto)
+/* paged (a constant at every call): the packet may go on past c->end, in
+ * page fragments of an skb that the program cannot read directly, so the
+ * length the IP header declares is not held against c->end. The headers
+ * themselves must still be readable. XDP frames are whole: never paged. */
+static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *l4proto,
+				      const int paged)
 {
 	struct iphdr *iph = c->pos;
 	__u32 hdr_len, tot_len;
@@ -152,7 +157,7 @@ static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *
 	p->addr_ok = 1;
 
 	tot_len = bpf_ntohs(iph->tot_len);
-	if (tot_len < hdr_len || c->pos + tot_len > c->end)
+	if (tot_len < hdr_len || (!paged && c->pos + tot_len > c->end))
 		return PARSE_MALFORMED;
 	*l4proto = iph->protocol;
 
@@ -176,7 +181,8 @@ static __always_inline int is_ipv6_ext(__u8 nexthdr)
 	       nexthdr == IPPROTO_AH;
 }
 
-static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *l4proto)
+static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *l4proto,
+				      const int paged)
 {
 	struct ipv6hdr *ip6h = c->pos;
 	__u8 nexthdr;
@@ -192,7 +198,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 	__builtin_memcpy(p->saddr, &ip6h->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip6h->daddr, 16);
 	p->addr_ok = 1;
-	if ((void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
+	if (!paged && (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
 		return PARSE_MALFORMED;
 	c->l3_end = (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len);
 	c->pos = ip6h + 1;
@@ -291,9 +297,10 @@ static __always_inline int parse_l4(struct cursor *c, struct packet *p, void *da
 /* Parses a frame in [data, data_end) up to and including its L4 header.
  * ipv6_tcp_only (a constant at every call, so the verifier never sees the
  * other branch) treats any IPv6 packet whose first header after IPv6 is not
- * TCP as not IP: for callers that never need the extension header walk. */
+ * TCP as not IP: for callers that never need the extension header walk.
+ * paged (a constant too): the packet may go on past data_end (parse_ipv4). */
 static __always_inline int parse_frame(void *data, void *data_end, struct packet *p,
-				       const int ipv6_tcp_only)
+				       const int ipv6_tcp_only, const int paged)
 {
 	struct cursor c = {
 		.pos = data,
@@ -309,14 +316,14 @@ static __always_inline int parse_frame(void *data, void *data_end, struct packet
 
 	p->l3_off = c.pos - data;
 	if (proto == bpf_htons(ETH_P_IP)) {
-		ret = parse_ipv4(&c, p, &l4proto);
+		ret = parse_ipv4(&c, p, &l4proto, paged);
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6h = c.pos;
 
 		if (ipv6_tcp_only &&
 		    ((void *)(ip6h + 1) > c.end || ip6h->nexthdr != IPPROTO_TCP))
 			return PARSE_NON_IP;
-		ret = parse_ipv6(&c, p, &l4proto);
+		ret = parse_ipv6(&c, p, &l4proto, paged);
 	} else {
 		return PARSE_NON_IP;
 	}
@@ -332,7 +339,7 @@ static __always_inline int parse_frame(void *data, void *data_end, struct packet
 /* Parses an XDP frame, every header chain included. */
 static __always_inline int parse_packet(struct xdp_md *ctx, struct packet *p)
 {
-	return parse_frame((void *)(long)ctx->data, (void *)(long)ctx->data_end, p, 0);
+	return parse_frame((void *)(long)ctx->data, (void *)(long)ctx->data_end, p, 0, 0);
 }
 
 #endif /* MOAT_PARSING_H */

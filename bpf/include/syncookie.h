@@ -46,8 +46,9 @@
  * its offset is masked with this so the verifier sees it bounded. A larger
  * offset (a kilobyte of extension headers) is not a handshake moat takes. */
 #define SYN_L4_MASK 0x3ff
-/* The largest packet without data: Ethernet, two tags, IPv4 with options
- * and TCP with options. tc makes such packets linear before parsing. */
+/* The longest headers: Ethernet, two tags, IPv4 with options and TCP with
+ * options. tc pulls this much into the linear area when the headers are
+ * not there. */
 #define SYN_PULL_LEN (SYN_MAX_L3_OFF + 60 + 60)
 #define SYNACK_TCP_LEN 40 /* 20 bytes of header, 20 of options */
 #define IPV6_MIN_MSS 1220 /* IPv6 minimum MTU 1280 - 60 */
@@ -986,12 +987,14 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	return SYN_CONTINUE;
 }
 
-/* Parses an skb with the XDP program's parser. Cookies are only issued
- * without IPv6 extension headers, so the tc side skips their walk, which
- * spares the verifier the paths through it. */
+/* Parses an skb's headers with the XDP program's parser. Cookies are only
+ * issued without IPv6 extension headers, so the tc side skips their walk,
+ * which spares the verifier the paths through it. The payload may be in
+ * page fragments past data_end (a GRO packet; the first data segment that
+ * completes a handshake whose third ACK was lost): paged. */
 static __always_inline int syn_parse_skb(struct __sk_buff *skb, struct packet *p)
 {
-	return parse_frame((void *)(long)skb->data, (void *)(long)skb->data_end, p, 1);
+	return parse_frame((void *)(long)skb->data, (void *)(long)skb->data_end, p, 1, 1);
 }
 
 /* The tc ingress side: a valid moat cookie ACK for a listener becomes a
@@ -1003,16 +1006,22 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 static __always_inline int syn_accept(struct __sk_buff *skb)
 {
 	struct packet p = {};
-	__u32 len = skb->len;
+	__u32 len = skb->len, want;
 
 	/* Some drivers leave headers outside the linear area, where the
-	 * parser cannot see them. The third ACK of a handshake is small (no
-	 * data), so only small packets are pulled, and only when needed:
-	 * bulk traffic never pays for a copy. */
-	if (len <= SYN_PULL_LEN && (__u32)((long)skb->data_end - (long)skb->data) < len)
-		bpf_skb_pull_data(skb, len);
-	if (syn_parse_skb(skb, &p) != PARSE_OK)
-		return SYN_TC_NEXT;
+	 * parser cannot see them: only then, when the headers do not parse,
+	 * are the first bytes (as many as headers can take) pulled in and
+	 * parsed again. Traffic whose headers are linear never pays for a
+	 * copy, whatever the length of its payload. */
+	if (syn_parse_skb(skb, &p) != PARSE_OK) {
+		want = len < SYN_PULL_LEN ? len : SYN_PULL_LEN;
+		if ((__u32)((long)skb->data_end - (long)skb->data) >= want ||
+		    bpf_skb_pull_data(skb, want))
+			return SYN_TC_NEXT;
+		__builtin_memset(&p, 0, sizeof(p));
+		if (syn_parse_skb(skb, &p) != PARSE_OK)
+			return SYN_TC_NEXT;
+	}
 	return syn_accept_packet(skb, &p);
 }
 
