@@ -156,6 +156,18 @@ func (p SYNPort) ProtectMode() syncookie.Mode {
 	return m
 }
 
+// CookiePort is the first port the config has moat answer SYNs for with
+// cookies (mode always or auto), if any: such ports need the kernel's
+// tcp_syncookies.
+func (s SYN) CookiePort() (SYNPort, bool) {
+	for _, p := range s.Ports {
+		if m := p.ProtectMode(); m == syncookie.ModeAlways || m == syncookie.ModeAuto {
+			return p, true
+		}
+	}
+	return SYNPort{}, false
+}
+
 // Metrics configures the Prometheus endpoint.
 type Metrics struct {
 	Enabled *bool  `yaml:"enabled"` // default true

@@ -39,7 +39,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			oldIfaces[i.Name] = i
 		}
 	}
-	if issuesCookies(cfg) {
+	if _, ok := cfg.SYN.CookiePort(); ok {
 		// The kernel takes moat's cookie handshakes only with
 		// tcp_syncookies set: refuse the config before anything changes
 		// rather than protect ports that would stay unprotected.
@@ -394,15 +394,4 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 		changed++
 	}
 	return changed, nil
-}
-
-// issuesCookies says whether any port of cfg is in a mode where moat
-// issues cookies.
-func issuesCookies(cfg *config.Config) bool {
-	for _, p := range cfg.SYN.Ports {
-		if m := p.ProtectMode(); m == syncookie.ModeAlways || m == syncookie.ModeAuto {
-			return true
-		}
-	}
-	return false
 }

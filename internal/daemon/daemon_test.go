@@ -724,9 +724,26 @@ func TestCheckConfigCommand(t *testing.T) {
 	if out.Len() != 0 {
 		t.Errorf("stdout: %q", out.String())
 	}
-	r, err := exec.Command(moatBin, "check-config", "../../dist/moat.yaml").CombinedOutput()
+	// The example names eth0, which this host need not have.
+	r, err := exec.Command(moatBin, "check-config", "--file-only", "../../dist/moat.yaml").CombinedOutput()
 	if err != nil || !strings.Contains(string(r), "ok:") {
-		t.Errorf("check-config dist/moat.yaml: %v\n%s", err, r)
+		t.Errorf("check-config --file-only dist/moat.yaml: %v\n%s", err, r)
+	}
+
+	// A good file that names an interface this host lacks: the daemon
+	// would refuse it here, so check-config does, on its line.
+	missing := filepath.Join(dir, "missing.yaml")
+	os.WriteFile(missing, []byte("deny:\n  - 10.0.0.0/8\ninterfaces:\n  - name: moat-nosuch0\n"), 0o600)
+	errb.Reset()
+	cmd = exec.Command(moatBin, "check-config", missing)
+	cmd.Stderr = &errb
+	err = cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 ||
+		!strings.HasPrefix(errb.String(), missing+":4: interfaces: no interface \"moat-nosuch0\" on this host\n") {
+		t.Errorf("check-config of a file naming a missing interface: %v\n%s", err, errb.String())
+	}
+	if r, err := exec.Command(moatBin, "check-config", "--file-only", missing).CombinedOutput(); err != nil {
+		t.Errorf("check-config --file-only of the same file: %v\n%s", err, r)
 	}
 }
 
@@ -938,6 +955,27 @@ func TestSYNPortsNeedTheSysctls(t *testing.T) {
 	if line == "" {
 		t.Fatalf("no line names net.ipv4.tcp_syncookies:\n%s", log)
 	}
+	// check-config says so before a start or reload, on the port's line;
+	// --file-only checks the file alone.
+	checkConfig := func(args ...string) (stdout, stderr string, code int) {
+		var out, errb bytes.Buffer
+		c := e.lab.Server.Command(context.Background(), moatBin, append([]string{"check-config"}, args...)...)
+		c.Stdout, c.Stderr = &out, &errb
+		err := c.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+	if _, errOut, code := checkConfig(e.cfg); code != 2 ||
+		!strings.HasPrefix(errOut, e.cfg+":5: syn.ports: moat cannot issue cookies for tcp/443 in this network namespace: net.ipv4.tcp_syncookies is 0") {
+		t.Errorf("check-config with tcp_syncookies 0: exit %d\n%s", code, errOut)
+	}
+	if out, errOut, code := checkConfig("--file-only", e.cfg); code != 0 || !strings.Contains(out, "ok:") {
+		t.Errorf("check-config --file-only: exit %d\n%s%s", code, out, errOut)
+	}
 	if s, err := shield.Open(e.root); err == nil {
 		atts, _ := s.Attachments()
 		ps, _ := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts))
@@ -966,6 +1004,10 @@ func TestSYNPortsNeedTheSysctls(t *testing.T) {
 	}
 	if note == "" {
 		t.Errorf("no warning names net.ipv4.tcp_sack:\n%s", e.log)
+	}
+	if out, errOut, code := checkConfig(e.cfg); code != 0 || !strings.Contains(out, "ok:") ||
+		!strings.HasPrefix(errOut, "note: net.ipv4.tcp_sack is 0") {
+		t.Errorf("check-config with tcp_sack 0: exit %d, want 0 and a note\n%s%s", code, out, errOut)
 	}
 	s, err := shield.Open(e.root)
 	if err != nil {
