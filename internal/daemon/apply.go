@@ -351,14 +351,21 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	}
 	changed := 0
 	if len(cfg.SYN.Ports) > 0 {
-		gen, err := syncookie.Generation(rotation)
+		// A rotation is due at once when there is no key yet, or when
+		// the last one is a period old or more (the keys of a stopped
+		// daemon, or of one that ran with a shorter period): waiting a
+		// period for the first tick would leave the data path with keys
+		// it takes for stale, and no cookies, until then.
+		ks, err := syncookie.Keys(rotation, s.Map(datapath.MoatMapSynSettings))
 		if err != nil {
 			return 0, err
 		}
-		if gen == 0 {
-			if _, err := syncookie.Rotate(keys, rotation); err != nil {
+		if ks.Rotations == 0 || ks.Age >= cfg.SYN.RotateEvery {
+			gen, err := syncookie.Rotate(keys, rotation)
+			if err != nil {
 				return 0, err
 			}
+			d.log.Debug("rotated SYN cookie key", "generation", gen, "previous_age", ks.Age.Round(time.Second))
 		}
 		// The rotation period too: the data path takes keys older than
 		// StaleAfter of it for a stopped rotator and issues no cookies.

@@ -1078,3 +1078,60 @@ func TestSynProtectNotesOptionsTurnedOff(t *testing.T) {
 		t.Errorf("protected ports %v (%v), want tcp/443 alone", ps, err)
 	}
 }
+
+// TestStartRotatesStaleKeys: a daemon that starts on keys a stopped one
+// left a period ago or more rotates before it says ready, or the data
+// path would take them for stale and issue no cookies until the first
+// tick; on keys younger than a period it keeps them.
+func TestStartRotatesStaleKeys(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nsyn:\n  rotate_every: 1m\n  ports:\n    - port: 443\n      mode: always\n", e.attackerIf()))
+	keys := func(age time.Duration) syncookie.KeyStatus {
+		t.Helper()
+		s, err := shield.Open(e.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		rotation := s.Map(datapath.MoatMapSynRotation)
+		if age > 0 {
+			var st datapath.MoatSynKeyState
+			if err := rotation.Lookup(uint32(0), &st); err != nil {
+				t.Fatal(err)
+			}
+			st.RotatedNs -= uint64(age)
+			if err := rotation.Update(uint32(0), &st, ebpf.UpdateExist); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ks, err := syncookie.Keys(rotation, s.Map(datapath.MoatMapSynSettings))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ks
+	}
+
+	e.start()
+	e.stop(syscall.SIGTERM)
+	for _, tc := range []struct {
+		age     time.Duration
+		rotates bool
+	}{
+		{10 * time.Minute, true}, // stale: no cookies until a rotation
+		{70 * time.Second, true}, // due
+		{0, false},               // rotated a moment ago
+	} {
+		before := keys(tc.age)
+		e.start()
+		after := keys(0)
+		e.stop(syscall.SIGTERM)
+		want := before.Rotations
+		if tc.rotates {
+			want++
+		}
+		if after.Rotations != want || after.Stale {
+			t.Errorf("keys %s old at start: %d rotations -> %d (stale %v), want %d and fresh",
+				before.Age.Round(time.Second), before.Rotations, after.Rotations, after.Stale, want)
+		}
+	}
+}
