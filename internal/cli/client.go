@@ -54,6 +54,14 @@ func newDaemonClient(socket string) *daemonClient {
 // none runs (no socket, nobody listening) or the one that runs manages
 // other pins.
 func (g *globals) daemon() (*daemonClient, error) {
+	return g.findDaemon(true)
+}
+
+// findDaemon is daemon; with forChange, a socket that no daemon answers
+// on gets a warning on stderr: the change goes to the pinned maps alone,
+// and a daemon that managed this root removes it when it starts again
+// unless its config or state file has it.
+func (g *globals) findDaemon(forChange bool) (*daemonClient, error) {
 	socket := socketPath()
 	if _, err := os.Stat(socket); err != nil {
 		return nil, nil
@@ -63,7 +71,12 @@ func (g *globals) daemon() (*daemonClient, error) {
 	if err := c.call(http.MethodGet, "/v1/status", nil, &st); err != nil {
 		var ne *net.OpError
 		if errors.As(err, &ne) {
-			return nil, nil // a socket left by a killed daemon
+			// A socket left by a killed daemon.
+			if forChange && g.errOut != nil {
+				fmt.Fprintf(g.errOut, "moat: warning: no daemon answers on %s (stopped?): this change goes to the pinned maps "+
+					"alone, and a daemon that manages %s removes it at its next start unless its config has it\n", socket, g.root)
+			}
+			return nil, nil
 		}
 		return nil, err
 	}
@@ -128,7 +141,7 @@ func (c *daemonClient) call(method, path string, in, out any) error {
 // g.root, or nil when no daemon runs: `moat dump` applies them so that the
 // config's capture section binds every capture on a host with a daemon.
 func (g *globals) daemonCaptureLimits() (*daemon.CaptureLimits, error) {
-	c, err := g.daemon()
+	c, err := g.findDaemon(false)
 	if err != nil || c == nil {
 		return nil, err
 	}

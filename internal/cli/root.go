@@ -64,7 +64,8 @@ type flagError struct{ error }
 
 type globals struct {
 	root    string
-	created bool // open found no state under root and so created it
+	created bool      // open found no state under root and so created it
+	errOut  io.Writer // the running command's stderr, for warnings
 }
 
 // NewRoot builds the command tree.
@@ -81,6 +82,9 @@ func newRoot(g *globals) *cobra.Command {
 		// with an untyped, multi-line "unknown command" error.
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			g.errOut = cmd.ErrOrStderr()
+		},
 	}
 	def := os.Getenv("MOAT_ROOT")
 	if def == "" {

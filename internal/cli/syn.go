@@ -89,7 +89,7 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			"When the last rotation is older than 2.5 periods moat issues no more cookies and SYNs go to the " +
 			"kernel (`moat syn status` shows the key age).\n\n" +
 			"Not handled: with rx-vlan-offload a NIC strips VLAN tags before XDP, so SYN-ACKs would leave " +
-			"untagged (turn it off with `ethtool -K DEV rxvlan off` or use never/auto-off on such devices); moat " +
+			"untagged (turn it off with `ethtool -K DEV rxvlan off` or use never mode on such devices); moat " +
 			"announces a fixed MSS (1460 IPv4, 1440 IPv6) whatever the device MTU; SYN-ACKs go back the way the " +
 			"SYN came whatever rp_filter or the routing table say, so spoofed SYNs draw SYN-ACKs to their forged " +
 			"sources as with kernel cookies.",
@@ -300,8 +300,13 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 		Short: "Install a new cookie key (cookies stay valid for one more rotation); with --every, keep rotating",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if every != 0 && every < time.Second {
+			if cmd.Flags().Changed("every") && every < time.Second {
 				return usagef("--every must be at least 1s")
+			}
+			if c, err := g.daemon(); err != nil {
+				return err
+			} else if c != nil {
+				return usagef("a moat daemon manages %s (%s): it rotates the keys itself (syn.rotate_every in its config)", g.root, c.socket)
 			}
 			// The state is opened, and so locked, for each rotation only:
 			// a rotator that runs for days must not block every other
@@ -326,10 +331,18 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 				}
 				first = false
 				gen, err := syncookie.Rotate(sm.keys, sm.rotation)
-				if err == nil {
-					fmt.Fprintf(cmd.OutOrStdout(), "key rotation %d\n", gen)
+				if err != nil {
+					return err
 				}
-				return err
+				fmt.Fprintf(cmd.OutOrStdout(), "key rotation %d\n", gen)
+				if every == 0 {
+					// One rotation: say how long its keys are good for.
+					if ks, err := syncookie.Keys(sm.rotation, sm.settings); err == nil {
+						fmt.Fprintf(cmd.ErrOrStderr(), "note: the data path expects a rotation every %s (set by the daemon or the last --every): "+
+							"without a rotator it issues no cookies after %s\n", ks.Period, syncookie.StaleAfter(ks.Period))
+					}
+				}
+				return nil
 			}
 			if err := rotate(); err != nil || every == 0 {
 				return err

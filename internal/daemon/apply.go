@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/moat-shield/moat/internal/config"
@@ -312,9 +313,29 @@ func (d *Daemon) applyRules(s *shield.Shield, w *wanted, ch *Changes) error {
 			return err
 		}
 		ch.Removed += len(stale[l])
+		// Named, so that an entry someone added behind the daemon's back
+		// (with no daemon answering) does not vanish without a word.
+		d.log.Info("removed entries in neither the config nor the state file",
+			"list", l.String(), "count", len(stale[l]), "entries", somePrefixes(stale[l], 16))
 		lap("delete stale " + l.String())
 	}
 	return nil
+}
+
+// somePrefixes names the first n of ps, and how many more there are.
+func somePrefixes(ps []netip.Prefix, n int) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i == n {
+			fmt.Fprintf(&b, " and %d more", len(ps)-n)
+			break
+		}
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		b.WriteString(p.String())
+	}
+	return b.String()
 }
 
 func toEntry(e rules.PrefixEntry) shield.Entry {

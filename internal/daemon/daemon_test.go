@@ -1135,3 +1135,64 @@ func TestStartRotatesStaleKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestChangeWithoutDaemonIsNamed: with the daemon killed (its socket left
+// behind), a rule added with the CLI goes to the pinned maps alone. The
+// CLI warns that the daemon will not keep it, and the daemon, at its next
+// start, names the entry it removes.
+func TestChangeWithoutDaemonIsNamed(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	e.stop(syscall.SIGKILL)
+	if _, err := os.Stat(e.sock); err != nil {
+		t.Fatalf("the killed daemon left no socket: %v", err)
+	}
+	r := e.mustMoat("block", "10.63.0.1")
+	if !strings.Contains(r.stderr, "moat: warning: no daemon answers on "+e.sock) {
+		t.Errorf("block with a dead daemon's socket: no warning on stderr:\n%s", r.stderr)
+	}
+	if strings.Contains(r.stderr, "via moat daemon") {
+		t.Errorf("stderr says the change went through a daemon:\n%s", r.stderr)
+	}
+	// Reading says nothing of it.
+	if r := e.mustMoat("list"); strings.Contains(r.stderr, "warning") {
+		t.Errorf("list warns:\n%s", r.stderr)
+	}
+
+	e.start()
+	var line string
+	for _, l := range strings.Split(e.log.String(), "\n") {
+		if strings.Contains(l, "removed entries in neither the config nor the state file") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "list=deny") || !strings.Contains(line, "count=1") || !strings.Contains(line, "10.63.0.1/32") {
+		t.Errorf("the daemon's start does not name the entry it removed:\n%s", e.log)
+	}
+	if got := e.rulesNow(); contains(got, "deny 10.63.0.1/32") {
+		t.Errorf("rules after the start: %v", got)
+	}
+}
+
+// TestSynRotateWithDaemon: where a daemon manages the root, `moat syn
+// rotate` is refused with the reason (the daemon rotates the keys
+// itself), and a schedule under a second is bad input whoever runs.
+func TestSynRotateWithDaemon(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nsyn:\n  ports:\n    - port: 443\n", e.attackerIf()))
+	e.start()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"syn", "rotate"}, "it rotates the keys itself (syn.rotate_every in its config)"},
+		{[]string{"syn", "rotate", "--every", "0s"}, "--every must be at least 1s"},
+		{[]string{"syn", "rotate", "--every", "500ms"}, "--every must be at least 1s"},
+	} {
+		r := e.moat(tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("moat %s: exit %d, want 2 and one line with %q:\n%s", strings.Join(tc.args, " "), r.code, tc.want, r.stderr)
+		}
+	}
+}
