@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/spf13/cobra"
+	"github.com/vishvananda/netlink"
 
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/shield"
@@ -188,9 +189,18 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				}
 			}
 			if m != syncookie.ModeOff {
-				if atts, err := s.Attachments(); err == nil && len(atts) == 0 {
+				atts, err := s.Attachments()
+				if err == nil && len(atts) == 0 {
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: moat is attached to no interface yet: "+
 						"the protection takes effect once `moat attach IFACE` runs\n")
+				}
+				if m == syncookie.ModeAlways || m == syncookie.ModeAuto {
+					for _, a := range atts {
+						if l, err := netlink.LinkByIndex(a.Ifindex); err == nil && l.Type() == "veth" && a.Present {
+							fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is a veth: its peer receives moat's SYN-ACKs (XDP_TX) only while "+
+								"the peer runs NAPI; attach an XDP program to the peer (one that passes everything will do)\n", a.Iface)
+						}
+					}
 				}
 			}
 			if gen == 0 && m != syncookie.ModeOff && m != syncookie.ModeNever {

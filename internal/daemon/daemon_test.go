@@ -1063,6 +1063,17 @@ func TestSynProtectNotesOptionsTurnedOff(t *testing.T) {
 	if err != nil || !strings.Contains(out, "note: net.ipv4.tcp_timestamps is 0: moat's SYN-ACKs offer no timestamps") {
 		t.Errorf("syn protect with tcp_timestamps 0 (%v):\n%s", err, out)
 	}
+	// Attached to a veth, whose peer sees XDP_TX frames only with NAPI.
+	if out, err := run("attach", e.attackerIf()); err != nil {
+		t.Fatalf("attach: %v\n%s", err, out)
+	}
+	out, err = run("syn", "protect", "tcp/443", "--mode", "auto")
+	if err != nil || !strings.Contains(out, "note: "+e.attackerIf()+" is a veth: its peer receives moat's SYN-ACKs (XDP_TX) only while the peer runs NAPI") {
+		t.Errorf("syn protect on a veth (%v):\n%s", err, out)
+	}
+	if out, err := run("syn", "protect", "tcp/443", "--mode", "never"); err != nil || strings.Contains(out, "is a veth") {
+		t.Errorf("syn protect --mode never on a veth (%v): want no veth note:\n%s", err, out)
+	}
 	sysctl("tcp_syncookies", "0")
 	out, err = run("syn", "protect", "tcp/444", "--mode", "always")
 	if err == nil || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "net.ipv4.tcp_syncookies is 0") {
