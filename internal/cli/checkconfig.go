@@ -38,8 +38,9 @@ machine.`,
 				}
 			}
 			rs := set.Rules
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: %d interfaces, %d allow and %d deny entries (%d from rule files), %d port rules, %d SYN-protected ports\n",
-				path, len(cfg.Interfaces), len(rs.Allow), len(rs.Deny), set.FromFiles, len(rs.Ports), len(cfg.SYN.Ports))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: %s, %d allow and %d deny entries (%d from rule files), %s, %s\n",
+				path, count(len(cfg.Interfaces), "interface"), len(rs.Allow), len(rs.Deny), set.FromFiles,
+				count(len(rs.Ports), "port rule"), count(len(cfg.SYN.Ports), "SYN-protected port"))
 			return nil
 		},
 	}
@@ -67,4 +68,12 @@ func checkHost(cmd *cobra.Command, cfg *config.Config) []config.Error {
 	}
 	slices.SortStableFunc(errs, func(a, b config.Error) int { return a.Line - b.Line })
 	return errs
+}
+
+// count is n things, "1 thing" or "2 things".
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }

@@ -108,7 +108,7 @@ func (m Maps) Add(l Limit, replace bool) error {
 			return m.Rules.Put(uint32(s.id), l.ruleValue())
 		}
 		if s.lim.Scope == l.Scope {
-			return &UserError{fmt.Errorf("a %s limit on %s %w (%s); use replace", l.Kind, l.Scope, ErrExists, s.lim)}
+			return &UserError{fmt.Errorf("a %s limit on %s %w (%s); use --replace", l.Kind, l.Scope, ErrExists, s.lim)}
 		}
 		return userErrorf("%s limit on %s overlaps the one on %s", l.Kind, l.Scope, s.lim.Scope)
 	}

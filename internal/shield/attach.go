@@ -39,7 +39,7 @@ func ParseMode(s string) (Mode, error) {
 	case "generic", "skb":
 		return ModeGeneric, nil
 	}
-	return "", userErrorf("invalid mode %q: want native or generic", s)
+	return "", userErrorf("invalid mode %q: want auto, native or generic", s)
 }
 
 func (s *Shield) ifacesDir() string { return filepath.Join(s.root, "ifaces") }
