@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+
+	"github.com/moat-shield/moat/internal/rules"
 )
 
 // DenyMix is how a generated denylist splits between hosts and networks of
@@ -181,12 +183,7 @@ func disjointNets(n int, draw func() netip.Prefix, ok func(netip.Prefix) bool) [
 }
 
 // comparePrefix orders by first address, wider prefixes first.
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
-}
+var comparePrefix = rules.ComparePrefixes
 
 // lastAddr is the highest address in p.
 func lastAddr(p netip.Prefix) netip.Addr {

@@ -111,7 +111,9 @@ func TestExportImportRoundTrip(t *testing.T) {
 	}
 
 	// Importing the same file again without --replace changes nothing.
-	moatHere(t, dst, "import", file)
+	if r := moatHere(t, dst, "import", file); !strings.HasPrefix(r.stdout, "no change: 6 allow/deny entries already as imported, in ") {
+		t.Errorf("second import output: %s", r.stdout)
+	}
 	if again := listed(t, dst); !reflect.DeepEqual(want, again) {
 		t.Fatalf("second import changed the rules: %+v", again)
 	}
@@ -137,7 +139,7 @@ func TestImportPlainNetset(t *testing.T) {
 	moatHere(t, root, "port", "drop", "udp/19")
 
 	r := moatHere(t, root, "import", netset)
-	if !strings.Contains(r.stdout, "imported 3 ") {
+	if !strings.HasPrefix(r.stdout, "imported: 3 allow/deny entries added, 0 updated, 0 removed, 0 unchanged;") {
 		t.Errorf("import output: %s", r.stdout)
 	}
 	rs := listed(t, root)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -54,16 +55,30 @@ func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			if err := s.Add(l, entries, shield.Strict); err != nil {
+			// An expired entry counts as absent: the filter ignores it, and
+			// the new entry takes its place.
+			replaced, err := s.Insert(l, entries)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "added %d to the %s\n", len(entries), l)
+			fmt.Fprintf(cmd.OutOrStdout(), "added %d to the %s%s\n", len(entries), l, replacedNote(replaced))
 			return nil
 		},
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "remove the entries after this long (e.g. 10m, 24h)")
 	cmd.Flags().StringVar(&comment, "comment", "", "a note kept with the entries")
 	return cmd
+}
+
+// replacedNote tells which expired entries an add took the place of.
+func replacedNote(replaced []netip.Prefix) string {
+	switch len(replaced) {
+	case 0:
+		return ""
+	case 1:
+		return fmt.Sprintf(" (replaced an expired entry: %s)", replaced[0])
+	}
+	return fmt.Sprintf(" (replaced %d expired entries)", len(replaced))
 }
 
 // removeCmd builds `unblock` and `disallow`.

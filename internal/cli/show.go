@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -163,7 +162,14 @@ func newStatsCmd(g *globals) *cobra.Command {
 						AnsweredMbps: float64(c.Answered.Bytes-p.Answered.Bytes) * 8 / dt / 1e6,
 					}
 				}
-				if err := printStats(cmd.OutOrStdout(), cur, asJSON); err != nil {
+				if asJSON {
+					// One object per interface and interval, a line each.
+					for _, r := range cur {
+						if err := writeJSONLine(cmd.OutOrStdout(), r); err != nil {
+							return err
+						}
+					}
+				} else if err := printStats(cmd.OutOrStdout(), cur, asJSON); err != nil {
 					return err
 				}
 				prev, last = cur, now
@@ -282,8 +288,7 @@ func newImportCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "imported %d allow/deny entries and %d port rule changes, removed %d, in %s\n",
-				res.Added, res.PortRules, res.Removed, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintln(cmd.OutOrStdout(), importReport(res, time.Since(start)))
 			return nil
 		},
 	}
@@ -296,35 +301,25 @@ func newImportCmd(g *globals) *cobra.Command {
 // list only, so --replace must not empty the other list and the port
 // rules, as replacing with the whole (mostly empty) ruleset would.
 func replaceList(s *shield.Shield, rs *rules.Ruleset, list string) (shield.ApplyResult, error) {
-	l, entries := shield.DenyList, rs.Deny
 	if list == "allow" {
-		l, entries = shield.AllowList, rs.Allow
+		return s.ReplaceList(shield.AllowList, rs.Allow)
 	}
-	res, err := s.Apply(rs, false)
-	if err != nil {
-		return res, err
+	return s.ReplaceList(shield.DenyList, rs.Deny)
+}
+
+// importReport says what an import changed. Entries and port rules that
+// the import found as it wanted them were left alone, hit counts and all.
+func importReport(res shield.ApplyResult, took time.Duration) string {
+	took = took.Round(time.Millisecond)
+	if !res.Changed() {
+		return fmt.Sprintf("no change: %d allow/deny entries already as imported, in %s", res.Unchanged, took)
 	}
-	keep := make(map[netip.Prefix]bool, len(entries))
-	for _, e := range entries {
-		keep[e.Prefix] = true
+	out := fmt.Sprintf("imported: %d allow/deny entries added, %d updated, %d removed, %d unchanged; %d port rule changes",
+		res.Added, res.Updated, res.Removed, res.Unchanged, res.PortRules)
+	if res.Settings {
+		out += "; policy changed"
 	}
-	have, err := s.Entries(l)
-	if err != nil {
-		return res, err
-	}
-	var gone []netip.Prefix
-	for _, e := range have {
-		if !keep[e.Prefix] {
-			gone = append(gone, e.Prefix)
-		}
-	}
-	if len(gone) > 0 {
-		if err := s.RemovePrefixes(l, gone); err != nil {
-			return res, err
-		}
-	}
-	res.Removed = len(gone)
-	return res, nil
+	return fmt.Sprintf("%s; in %s", out, took)
 }
 
 func newExportCmd(g *globals) *cobra.Command {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -126,13 +127,9 @@ func writerIsTerminal(w io.Writer) bool {
 	return err == nil
 }
 
+// writeJSONLine writes v as one line of compact JSON.
 func writeJSONLine(w io.Writer, v any) error {
-	var b strings.Builder
-	if err := writeJSON(&b, v); err != nil {
-		return err
-	}
-	_, err := io.WriteString(w, strings.Join(strings.Fields(b.String()), " ")+"\n")
-	return err
+	return json.NewEncoder(w).Encode(v)
 }
 
 // readTop opens the state only for the read, so the lock is not held

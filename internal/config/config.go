@@ -583,12 +583,7 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 }
 
 // PrefixOrder sorts prefixes by address, then length.
-func PrefixOrder(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
-}
+var PrefixOrder = rules.ComparePrefixes
 
 // sortUnique sorts entries by prefix and keeps the first of each prefix;
 // the sort is stable, so an inline entry (first in the list) wins over a

@@ -259,7 +259,7 @@ func (d *Daemon) RemovePrefixes(req PrefixRequest) (int, error) {
 			*dyn = saved
 			back := make([]shield.Entry, 0, len(prefixes))
 			for _, p := range prefixes {
-				back = append(back, toEntry(byPrefix[p]))
+				back = append(back, shield.EntryOf(byPrefix[p]))
 			}
 			if rerr := s.Add(l, back, shield.Upsert); rerr != nil {
 				d.log.Error("undo an unsaved change", "err", rerr)

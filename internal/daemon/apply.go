@@ -225,16 +225,6 @@ func (d *Daemon) dropShadowed(w *wanted) {
 	}
 }
 
-// sameExpiry compares a wanted expiry with a stored one; stored times are
-// read back through CLOCK_BOOTTIME and rounded to the second.
-func sameExpiry(a *time.Time, b time.Time) bool {
-	if a == nil || b.IsZero() {
-		return a == nil && b.IsZero()
-	}
-	d := a.Sub(b)
-	return d < 2*time.Second && d > -2*time.Second
-}
-
 // applyRules writes the allow/deny and port diff, then the policies, then
 // deletes what is stale.
 func (d *Daemon) applyRules(s *shield.Shield, w *wanted, ch *Changes) error {
@@ -250,46 +240,16 @@ func (d *Daemon) applyRules(s *shield.Shield, w *wanted, ch *Changes) error {
 			return err
 		}
 		lap("read " + l.String())
-		if !slices.IsSortedFunc(have, func(a, b shield.Entry) int { return prefixOrder(a.Prefix, b.Prefix) }) {
-			slices.SortFunc(have, func(a, b shield.Entry) int { return prefixOrder(a.Prefix, b.Prefix) })
-		}
-		want := w.lists[l]
-		var write []shield.Entry
-		// Walk both sorted lists at once.
-		i, j := 0, 0
-		for i < len(want) || j < len(have) {
-			c := 0
-			switch {
-			case i == len(want):
-				c = 1
-			case j == len(have):
-				c = -1
-			default:
-				c = prefixOrder(want[i].Prefix, have[j].Prefix)
-			}
-			switch {
-			case c < 0: // wanted, not there
-				write = append(write, toEntry(want[i]))
-				i++
-			case c > 0: // there, not wanted
-				stale[l] = append(stale[l], have[j].Prefix)
-				j++
-			default:
-				if want[i].Comment != have[j].Comment || !sameExpiry(want[i].Expires, have[j].Expires) {
-					write = append(write, toEntry(want[i]))
-				}
-				i++
-				j++
-			}
-		}
+		diff := shield.DiffList(have, w.lists[l])
 		have = nil
 		lap("compare " + l.String())
-		if len(write) > 0 {
-			if err := s.Add(l, write, shield.Upsert); err != nil {
+		if len(diff.Write) > 0 {
+			if err := s.Add(l, diff.Write, shield.Upsert); err != nil {
 				return err
 			}
 		}
-		ch.Added += len(write)
+		ch.Added += len(diff.Write)
+		stale[l] = diff.Stale
 		lap("write " + l.String())
 	}
 
@@ -336,14 +296,6 @@ func somePrefixes(ps []netip.Prefix, n int) string {
 		b.WriteString(p.String())
 	}
 	return b.String()
-}
-
-func toEntry(e rules.PrefixEntry) shield.Entry {
-	out := shield.Entry{Prefix: e.Prefix, Comment: e.Comment}
-	if e.Expires != nil {
-		out.Expires = *e.Expires
-	}
-	return out
 }
 
 // applyPorts makes the port rules equal to want, without a moment where a

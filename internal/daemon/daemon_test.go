@@ -1207,3 +1207,31 @@ func TestSynRotateWithDaemon(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsWatchJSONLines: `moat stats --json --watch` prints one JSON
+// object per interface and interval, a line each, with the rates.
+func TestStatsWatchJSONLines(t *testing.T) {
+	e := newEnv(t)
+	if r, err := e.lab.Server.Command(context.Background(), moatBin, "--root", e.root, "attach", e.attackerIf()).CombinedOutput(); err != nil {
+		t.Fatalf("attach: %v\n%s", err, r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	cmd := e.lab.Server.Command(ctx, moatBin, "--root", e.root, "stats", "--json", "--watch", "300ms")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Run() // ends when the context kills it
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("%d lines in 1.2s of watching every 300ms:\n%s", len(lines), out.String())
+	}
+	for i, l := range lines {
+		var r struct {
+			Iface string          `json:"iface"`
+			Rates json.RawMessage `json:"rates"`
+		}
+		if err := json.Unmarshal([]byte(l), &r); err != nil || r.Iface != e.attackerIf() || len(r.Rates) == 0 {
+			t.Errorf("line %d is not one interface's object with rates (%v): %q", i+1, err, l)
+		}
+	}
+}

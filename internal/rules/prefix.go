@@ -82,3 +82,12 @@ func ParsePrefixes(args []string) ([]netip.Prefix, error) {
 func IsHost(p netip.Prefix) bool {
 	return p.Bits() == p.Addr().BitLen()
 }
+
+// ComparePrefixes orders prefixes by first address, then length (wider
+// first): the order in which rule lists are sorted and compared.
+func ComparePrefixes(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}

@@ -2,6 +2,7 @@ package shield
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/moat-shield/moat/internal/rules"
@@ -9,14 +10,136 @@ import (
 
 // ApplyResult counts what Apply changed.
 type ApplyResult struct {
-	Added, Removed, PortRules int
+	Added     int  // allow/deny entries that the lists did not hold
+	Updated   int  // allow/deny entries rewritten with another expiry or comment
+	Removed   int  // allow/deny entries deleted (replace mode)
+	Unchanged int  // allow/deny entries held as wanted, left alone
+	PortRules int  // port rules added or removed
+	Settings  bool // the policies changed
+}
+
+// Changed tells whether Apply wrote or deleted anything.
+func (r ApplyResult) Changed() bool {
+	return r.Added+r.Updated+r.Removed+r.PortRules > 0 || r.Settings
+}
+
+// ListDiff is what it takes to make a list hold a wanted set of entries.
+type ListDiff struct {
+	Write                     []Entry        // the new entries and the changed ones
+	Stale                     []netip.Prefix // held but not wanted
+	Added, Updated, Unchanged int
+}
+
+// DiffList compares the entries a list holds (as Entries returns them) with
+// the wanted ones. An entry held with the same expiry and comment is
+// unchanged and is not written: writing it again would restart its hit
+// counter. Both sides are walked in prefix order (address, then length);
+// have is in that order already, and want is sorted, in a copy, if it is
+// not. want must not name a prefix twice (Ruleset.Validate refuses that).
+func DiffList(have []Entry, want []rules.PrefixEntry) ListDiff {
+	var d ListDiff
+	if len(have) == 0 { // a fresh list: everything is new, in any order
+		d.Write = make([]Entry, len(want))
+		for i, e := range want {
+			d.Write[i] = EntryOf(e)
+		}
+		d.Added = len(want)
+		return d
+	}
+	cmpEntry := func(a, b rules.PrefixEntry) int { return comparePrefixes(a.Prefix, b.Prefix) }
+	if !slices.IsSortedFunc(want, cmpEntry) {
+		want = slices.Clone(want)
+		slices.SortFunc(want, cmpEntry)
+	}
+	if !slices.IsSortedFunc(have, func(a, b Entry) int { return comparePrefixes(a.Prefix, b.Prefix) }) {
+		have = slices.Clone(have)
+		slices.SortFunc(have, func(a, b Entry) int { return comparePrefixes(a.Prefix, b.Prefix) })
+	}
+	i, j := 0, 0
+	for i < len(want) || j < len(have) {
+		c := 0
+		switch {
+		case i == len(want):
+			c = 1
+		case j == len(have):
+			c = -1
+		default:
+			c = comparePrefixes(want[i].Prefix, have[j].Prefix)
+		}
+		switch {
+		case c < 0: // wanted, not held
+			d.Write = append(d.Write, EntryOf(want[i]))
+			d.Added++
+			i++
+		case c > 0: // held, not wanted
+			d.Stale = append(d.Stale, have[j].Prefix)
+			j++
+		default:
+			if want[i].Comment != have[j].Comment || !SameExpiry(want[i].Expires, have[j].Expires) {
+				d.Write = append(d.Write, EntryOf(want[i]))
+				d.Updated++
+			} else {
+				d.Unchanged++
+			}
+			i++
+			j++
+		}
+	}
+	return d
+}
+
+// comparePrefixes orders prefixes by address (every IPv4 one first), then
+// length: the order of Entries.
+var comparePrefixes = rules.ComparePrefixes
+
+// SameExpiry compares a wanted expiry with a stored one as Entries reads
+// it back: through CLOCK_BOOTTIME and rounded to the second, so a second
+// or so either way is the same deadline.
+func SameExpiry(want *time.Time, have time.Time) bool {
+	if want == nil || have.IsZero() {
+		return want == nil && have.IsZero()
+	}
+	d := want.Sub(have)
+	return d < 2*time.Second && d > -2*time.Second
+}
+
+// EntryOf is the entry a rule list holds for a rule.
+func EntryOf(e rules.PrefixEntry) Entry {
+	out := Entry{Prefix: e.Prefix, Comment: e.Comment}
+	if e.Expires != nil {
+		out.Expires = *e.Expires
+	}
+	return out
 }
 
 // Apply writes a whole ruleset. Everything is checked before anything is
-// written. In replace mode the new entries are written first and the ones
-// the ruleset no longer holds are removed after, so there is never a moment
-// when an entry present in both the old and the new set is missing.
+// written. Entries that the lists hold as the ruleset has them are left
+// alone (their hits keep counting), as are unchanged port rules and
+// policies. In replace mode the new and changed entries are written first
+// and the ones the ruleset no longer holds are removed after, so there is
+// never a moment when an entry present in both the old and the new set is
+// missing.
 func (s *Shield) Apply(rs *rules.Ruleset, replace bool) (ApplyResult, error) {
+	return s.apply(rs, [2]bool{replace, replace}, replace)
+}
+
+// ReplaceList makes list l hold exactly entries, in the same way as Apply
+// in replace mode, and leaves the other list, the port rules and the
+// policies alone.
+func (s *Shield) ReplaceList(l List, entries []rules.PrefixEntry) (ApplyResult, error) {
+	rs := &rules.Ruleset{Allow: entries}
+	if l == DenyList {
+		rs = &rules.Ruleset{Deny: entries}
+	}
+	var replace [2]bool
+	replace[l] = true
+	return s.apply(rs, replace, false)
+}
+
+// apply writes rs; replaceLists says, by List, which lists become the
+// ruleset's (the others take its entries in), replacePorts whether the port
+// rules do.
+func (s *Shield) apply(rs *rules.Ruleset, replaceLists [2]bool, replacePorts bool) (ApplyResult, error) {
 	var res ApplyResult
 	if err := rs.Validate(); err != nil {
 		return res, &UserError{err}
@@ -29,35 +152,41 @@ func (s *Shield) Apply(rs *rules.Ruleset, replace bool) (ApplyResult, error) {
 	for _, p := range rs.Ports {
 		wanted[p.Spec] = p.Action
 		for _, c := range current {
-			if c.Spec.Overlaps(p.Spec) && c.Spec != p.Spec && !(replace && !covers(rs.Ports, c.Spec)) {
+			if c.Spec.Overlaps(p.Spec) && c.Spec != p.Spec && !(replacePorts && !covers(rs.Ports, c.Spec)) {
 				return res, userErrorf("port rule %s overlaps the existing rule %s", p.Spec, c.Spec)
 			}
 		}
 	}
 
-	lists := []struct {
+	var stale [2][]netip.Prefix
+	for _, x := range []struct {
 		l       List
 		entries []rules.PrefixEntry
-	}{{AllowList, rs.Allow}, {DenyList, rs.Deny}}
-	for _, x := range lists {
-		entries := make([]Entry, len(x.entries))
-		for i, e := range x.entries {
-			entries[i] = Entry{Prefix: e.Prefix, Comment: e.Comment}
-			if e.Expires != nil {
-				entries[i].Expires = *e.Expires
-			}
-		}
-		if err := s.Add(x.l, entries, Upsert); err != nil {
+	}{{AllowList, rs.Allow}, {DenyList, rs.Deny}} {
+		have, err := s.Entries(x.l)
+		if err != nil {
 			return res, err
 		}
-		res.Added += len(entries)
+		d := DiffList(have, x.entries)
+		have = nil
+		if len(d.Write) > 0 {
+			if err := s.add(x.l, d.Write, Upsert); err != nil {
+				return res, err
+			}
+		}
+		res.Added += d.Added
+		res.Updated += d.Updated
+		res.Unchanged += d.Unchanged
+		if replaceLists[x.l] {
+			stale[x.l] = d.Stale
+		}
 	}
 
 	// Port rules: in replace mode the file's rules are the whole set; in
 	// merge mode they join the current ones, a rule for the same ports
 	// taking the file's action.
 	want := rs.Ports
-	if !replace {
+	if !replacePorts {
 		want = nil
 		for _, c := range current {
 			if _, ok := wanted[c.Spec]; !ok {
@@ -72,32 +201,27 @@ func (s *Shield) Apply(rs *rules.Ruleset, replace bool) (ApplyResult, error) {
 		return res, err
 	}
 	if rs.Settings != nil {
-		if err := s.SetSettings(*rs.Settings); err != nil {
+		cur, err := s.Settings()
+		if err != nil {
 			return res, err
+		}
+		if cur != *rs.Settings {
+			if err := s.SetSettings(*rs.Settings); err != nil {
+				return res, err
+			}
+			res.Settings = true
 		}
 	}
 
-	if replace {
-		for _, x := range lists {
-			keep := make(map[netip.Prefix]bool, len(x.entries))
-			for _, e := range x.entries {
-				keep[e.Prefix] = true
-			}
-			have, err := s.Entries(x.l)
-			if err != nil {
-				return res, err
-			}
-			var gone []netip.Prefix
-			for _, e := range have {
-				if !keep[e.Prefix] {
-					gone = append(gone, e.Prefix)
-				}
-			}
-			if err := s.deletePrefixes(x.l, gone); err != nil {
-				return res, err
-			}
-			res.Removed += len(gone)
+	// Stale entries last: everything wanted is in place by now.
+	for _, l := range []List{AllowList, DenyList} {
+		if len(stale[l]) == 0 {
+			continue
 		}
+		if err := s.deletePrefixes(l, stale[l]); err != nil {
+			return res, err
+		}
+		res.Removed += len(stale[l])
 	}
 	return res, nil
 }

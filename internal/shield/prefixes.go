@@ -122,48 +122,104 @@ func (s *Shield) mapFor(l List, p netip.Prefix) (*ebpf.Map, any) {
 	return nets, netKey(p)
 }
 
-// Has tells whether p is in list l.
+// Has tells whether p is in list l, live or expired.
 func (s *Shield) Has(l List, p netip.Prefix) (bool, error) {
+	_, ok, err := s.lookup(l, p)
+	return ok, err
+}
+
+// lookup returns the stored rule of p in list l.
+func (s *Shield) lookup(l List, p netip.Prefix) (datapath.MoatPrefixRule, bool, error) {
 	m, k := s.mapFor(l, p)
 	var v datapath.MoatPrefixRule
 	err := m.Lookup(k, &v)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return false, nil
+		return v, false, nil
 	}
 	if err != nil {
-		return false, err
+		return v, false, err
 	}
 	// A trie lookup is a longest-prefix match: it also finds a shorter
 	// prefix that covers p, which is not p.
-	return int(v.Prefixlen) == p.Bits(), nil
+	return v, int(v.Prefixlen) == p.Bits(), nil
+}
+
+// expired tells whether a stored deadline has passed at now (both
+// CLOCK_BOOTTIME), as the data path decides it: from then on the filter
+// ignores the entry.
+func expired(expiresNs, now uint64) bool {
+	return expiresNs != 0 && expiresNs <= now
 }
 
 // AddMode says what to do with entries that exist already.
 type AddMode int
 
 const (
-	// Strict refuses the whole change if any entry exists.
+	// Strict refuses the whole change if any entry exists and has not
+	// expired (see Insert).
 	Strict AddMode = iota
 	// Upsert overwrites existing entries (their hit counters restart).
 	Upsert
 )
 
 // Add puts entries in list l. In Strict mode nothing changes if any of the
-// entries exists already. Entries are grouped per map and written with
-// batched updates, all maps at once.
+// entries exists already and has not expired. Entries are grouped per map
+// and written with batched updates, all maps at once.
 func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
+	if mode == Strict {
+		_, err := s.Insert(l, entries)
+		return err
+	}
+	return s.add(l, entries, mode)
+}
+
+// Insert adds entries that list l does not hold, as `moat block` and
+// `moat allow` do: nothing changes if any of them is in the list and live.
+// An entry whose expiry has passed counts as absent, since the filter
+// ignores it: the new entry takes its place (its hits start from zero),
+// and Insert returns the prefixes whose expired entries it replaced.
+func (s *Shield) Insert(l List, entries []Entry) (replaced []netip.Prefix, err error) {
+	if err := validateComments(entries); err != nil { // before the lookups, as before any write
+		return nil, err
+	}
+	p, found, stale, err := s.anyListed(l, entries)
+	if err != nil {
+		return nil, err
+	}
+	if found {
+		return nil, userErrorf("%s is already in the %s", p, l)
+	}
+	if err := s.add(l, entries, Strict); err != nil {
+		return nil, err
+	}
+	if len(stale) == 0 {
+		return nil, nil
+	}
+	// An expired entry's comment outlives it in the comment map unless the
+	// new entry writes one over it.
+	replacedEntries := make([]Entry, len(stale))
+	replaced = make([]netip.Prefix, len(stale))
+	for i, j := range stale {
+		replacedEntries[i], replaced[i] = entries[j], entries[j].Prefix
+	}
+	return replaced, s.dropStaleComments(l, replacedEntries)
+}
+
+func validateComments(entries []Entry) error {
 	for _, e := range entries {
 		if err := rules.ValidateComment(e.Comment); err != nil {
 			return &UserError{fmt.Errorf("%s: %w", e.Prefix, err)}
 		}
 	}
-	if mode == Strict {
-		p, found, err := s.anyListed(l, entries)
-		if err != nil {
+	return nil
+}
+
+// add writes entries, overwriting those that exist; Upsert also drops the
+// comments of overwritten entries that the new ones lack.
+func (s *Shield) add(l List, entries []Entry, mode AddMode) error {
+	if mode == Upsert {
+		if err := validateComments(entries); err != nil {
 			return err
-		}
-		if found {
-			return userErrorf("%s is already in the %s", p, l)
 		}
 	}
 	if l == AllowList {
@@ -323,35 +379,44 @@ func (b *prefixBatches) deleteJobs() []job {
 	return slices.Concat(b.hosts4.deleteJobs(), b.hosts6.deleteJobs(), b.nets4.deleteJobs(), b.nets6.deleteJobs())
 }
 
-// anyListed returns the first of entries that list l holds. Each check is a
-// lookup syscall, so a long list of entries is checked on all CPUs.
-func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, error) {
+// anyListed returns the first of entries that list l holds live, and the
+// indexes of those it holds expired. Each check is a lookup syscall, so a
+// long list of entries is checked on all CPUs.
+func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, []int, error) {
 	const perJob = 4096
 	found := make([]bool, len(entries))
+	stale := make([][]int, (len(entries)+perJob-1)/perJob) // one part per job
 	var jobs []job
+	now := bootNow()
 	for lo := 0; lo < len(entries); lo += perJob {
 		hi := min(lo+perJob, len(entries))
+		part := &stale[lo/perJob]
 		jobs = append(jobs, job{hi - lo, func() error {
 			for i := lo; i < hi; i++ {
-				ok, err := s.Has(l, entries[i].Prefix)
+				v, ok, err := s.lookup(l, entries[i].Prefix)
 				if err != nil {
 					return err
 				}
-				if ok {
-					found[i] = true
-					return nil
+				if !ok {
+					continue
 				}
+				if expired(v.ExpiresNs, now) {
+					*part = append(*part, i)
+					continue
+				}
+				found[i] = true
+				return nil
 			}
 			return nil
 		}})
 	}
 	if err := runJobs(jobs); err != nil {
-		return netip.Prefix{}, false, err
+		return netip.Prefix{}, false, nil, err
 	}
 	if i := slices.Index(found, true); i >= 0 {
-		return entries[i].Prefix, true, nil
+		return entries[i].Prefix, true, nil, nil
 	}
-	return netip.Prefix{}, false, nil
+	return netip.Prefix{}, false, slices.Concat(stale...), nil
 }
 
 // dropStaleComments deletes the old comments of entries rewritten without
@@ -599,7 +664,7 @@ func (s *Shield) ExpireStale() (int, error) {
 		}
 		var stale []netip.Prefix
 		for _, e := range entries {
-			if e.expiresNs != 0 && e.expiresNs <= now {
+			if expired(e.expiresNs, now) {
 				stale = append(stale, e.Prefix)
 			}
 		}
