@@ -170,7 +170,7 @@ func disjointNets(n int, draw func() netip.Prefix, ok func(netip.Prefix) bool) [
 				cand = append(cand, p)
 			}
 		}
-		slices.SortFunc(cand, comparePrefix)
+		slices.SortFunc(cand, rules.ComparePrefixes)
 		kept = kept[:0]
 		for _, p := range cand {
 			if len(kept) > 0 && kept[len(kept)-1].Overlaps(p) {
@@ -181,9 +181,6 @@ func disjointNets(n int, draw func() netip.Prefix, ok func(netip.Prefix) bool) [
 	}
 	return kept[:n]
 }
-
-// comparePrefix orders by first address, wider prefixes first.
-var comparePrefix = rules.ComparePrefixes
 
 // lastAddr is the highest address in p.
 func lastAddr(p netip.Prefix) netip.Addr {
@@ -226,7 +223,7 @@ func WriteNftSets(w io.Writer, prefixes []netip.Prefix) error {
 	fmt.Fprintf(bw, "\tcounter %s { }\n\tcounter %s { }\n", nftCounterV4, nftCounterV6)
 	fmt.Fprintf(bw, "}\n")
 	sorted := slices.Clone(prefixes)
-	slices.SortFunc(sorted, comparePrefix)
+	slices.SortFunc(sorted, rules.ComparePrefixes)
 	for _, fam := range []struct {
 		set string
 		v4  bool

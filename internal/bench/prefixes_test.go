@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moat-shield/moat/internal/rules"
 )
 
 func TestGenerateDenylist(t *testing.T) {
@@ -53,7 +55,7 @@ func TestGenerateDenylist(t *testing.T) {
 
 	// No two entries overlap, as an nftables interval set requires.
 	sorted := slices.Clone(got)
-	slices.SortFunc(sorted, comparePrefix)
+	slices.SortFunc(sorted, rules.ComparePrefixes)
 	for i := 1; i < len(sorted); i++ {
 		if sorted[i-1].Overlaps(sorted[i]) {
 			t.Fatalf("%s overlaps %s", sorted[i-1], sorted[i])

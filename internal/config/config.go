@@ -582,13 +582,10 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 	return set
 }
 
-// PrefixOrder sorts prefixes by address, then length.
-var PrefixOrder = rules.ComparePrefixes
-
 // sortUnique sorts entries by prefix and keeps the first of each prefix;
 // the sort is stable, so an inline entry (first in the list) wins over a
 // file's.
 func sortUnique(l []rules.PrefixEntry) []rules.PrefixEntry {
-	slices.SortStableFunc(l, func(a, b rules.PrefixEntry) int { return PrefixOrder(a.Prefix, b.Prefix) })
+	slices.SortStableFunc(l, func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) })
 	return slices.CompactFunc(l, func(a, b rules.PrefixEntry) bool { return a.Prefix == b.Prefix })
 }

@@ -141,7 +141,10 @@ func (d *Daemon) applyLimits(s *shield.Shield, cfg *config.Config) error {
 
 // wanted is the rules the maps should hold.
 type wanted struct {
-	lists    [2][]rules.PrefixEntry // by shield.List, sorted by prefixOrder
+	// By shield.List, sorted by rules.ComparePrefixes: a million entries
+	// are compared with the maps' as two sorted lists (shield.DiffList),
+	// not through Go maps, which would take hundreds of MiB at a reload.
+	lists    [2][]rules.PrefixEntry
 	ports    []rules.PortEntry
 	settings rules.Settings
 	// shadowed are dynamic entries that the config now holds too; they
@@ -150,11 +153,6 @@ type wanted struct {
 	// shadowedPorts are dynamic port rules that overlap the config's.
 	shadowedPorts map[rules.PortSpec]bool
 }
-
-// prefixOrder is the order of the lists compared at each apply: a million
-// entries are compared as two sorted lists rather than through maps, which
-// would take hundreds of MiB at the moment of a reload.
-var prefixOrder = config.PrefixOrder
 
 // desired merges the config's rules with the dynamic ones. A rule in both
 // is the config's: it has no expiry and outlives the dynamic one. The
@@ -182,7 +180,7 @@ func (d *Daemon) desired(set *config.Set) *wanted {
 				entries = append(entries, e)
 			}
 		}
-		if cmp := func(a, b rules.PrefixEntry) int { return prefixOrder(a.Prefix, b.Prefix) }; !slices.IsSortedFunc(entries, cmp) {
+		if cmp := func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) }; !slices.IsSortedFunc(entries, cmp) {
 			slices.SortFunc(entries, cmp)
 		}
 		w.lists[li] = entries

@@ -1074,6 +1074,11 @@ func TestSynProtectNotesOptionsTurnedOff(t *testing.T) {
 	if out, err := run("syn", "protect", "tcp/443", "--mode", "never"); err != nil || strings.Contains(out, "is a veth") {
 		t.Errorf("syn protect --mode never on a veth (%v): want no veth note:\n%s", err, out)
 	}
+	// One rotation by hand says how long its keys last without a rotator.
+	if out, err := run("syn", "rotate"); err != nil || !strings.Contains(out, "key rotation ") ||
+		!strings.Contains(out, "note: the data path expects a rotation every 1m0s (set by the daemon or the last --every): without a rotator it issues no cookies after 2m30s") {
+		t.Errorf("syn rotate (%v):\n%s", err, out)
+	}
 	sysctl("tcp_syncookies", "0")
 	out, err = run("syn", "protect", "tcp/444", "--mode", "always")
 	if err == nil || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "net.ipv4.tcp_syncookies is 0") {
@@ -1159,7 +1164,12 @@ func TestChangeWithoutDaemonIsNamed(t *testing.T) {
 	if _, err := os.Stat(e.sock); err != nil {
 		t.Fatalf("the killed daemon left no socket: %v", err)
 	}
-	r := e.mustMoat("block", "10.63.0.1")
+	// 18 entries: the daemon's line names 16 and counts the rest.
+	blocked := []string{"block"}
+	for i := 1; i <= 18; i++ {
+		blocked = append(blocked, fmt.Sprintf("10.63.0.%d", i))
+	}
+	r := e.mustMoat(blocked...)
 	if !strings.Contains(r.stderr, "moat: warning: no daemon answers on "+e.sock) {
 		t.Errorf("block with a dead daemon's socket: no warning on stderr:\n%s", r.stderr)
 	}
@@ -1178,7 +1188,8 @@ func TestChangeWithoutDaemonIsNamed(t *testing.T) {
 			line = l
 		}
 	}
-	if !strings.Contains(line, "list=deny") || !strings.Contains(line, "count=1") || !strings.Contains(line, "10.63.0.1/32") {
+	if !strings.Contains(line, "list=deny") || !strings.Contains(line, "count=18") || !strings.Contains(line, "10.63.0.1/32") ||
+		!strings.Contains(line, "and 2 more") {
 		t.Errorf("the daemon's start does not name the entry it removed:\n%s", e.log)
 	}
 	if got := e.rulesNow(); contains(got, "deny 10.63.0.1/32") {

@@ -46,14 +46,14 @@ func DiffList(have []Entry, want []rules.PrefixEntry) ListDiff {
 		d.Added = len(want)
 		return d
 	}
-	cmpEntry := func(a, b rules.PrefixEntry) int { return comparePrefixes(a.Prefix, b.Prefix) }
+	cmpEntry := func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) }
 	if !slices.IsSortedFunc(want, cmpEntry) {
 		want = slices.Clone(want)
 		slices.SortFunc(want, cmpEntry)
 	}
-	if !slices.IsSortedFunc(have, func(a, b Entry) int { return comparePrefixes(a.Prefix, b.Prefix) }) {
+	if !slices.IsSortedFunc(have, func(a, b Entry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) }) {
 		have = slices.Clone(have)
-		slices.SortFunc(have, func(a, b Entry) int { return comparePrefixes(a.Prefix, b.Prefix) })
+		slices.SortFunc(have, func(a, b Entry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) })
 	}
 	i, j := 0, 0
 	for i < len(want) || j < len(have) {
@@ -64,7 +64,7 @@ func DiffList(have []Entry, want []rules.PrefixEntry) ListDiff {
 		case j == len(have):
 			c = -1
 		default:
-			c = comparePrefixes(want[i].Prefix, have[j].Prefix)
+			c = rules.ComparePrefixes(want[i].Prefix, have[j].Prefix)
 		}
 		switch {
 		case c < 0: // wanted, not held
@@ -87,10 +87,6 @@ func DiffList(have []Entry, want []rules.PrefixEntry) ListDiff {
 	}
 	return d
 }
-
-// comparePrefixes orders prefixes by address (every IPv4 one first), then
-// length: the order of Entries.
-var comparePrefixes = rules.ComparePrefixes
 
 // SameExpiry compares a wanted expiry with a stored one as Entries reads
 // it back: through CLOCK_BOOTTIME and rounded to the second, so a second
