@@ -77,6 +77,12 @@ int moat_filter(struct xdp_md *ctx)
 	rule = match_allow(&pkt, cfg->allow_in_use);
 	if (rule) {
 		__sync_fetch_and_add(&rule->hits, 1);
+		/* Trusted SYNs skip the SYN defence, and their connections
+		 * would lose that trust with the allowlist entry: the census
+		 * learns of them here (syncookie.h). */
+		if (pkt.l4proto == IPPROTO_TCP && pkt.has_l4 &&
+		    (pkt.tcp_flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN)
+			syn_mark_packet(&pkt);
 		return verdict(ctx, REASON_ALLOWLIST, XDP_PASS);
 	}
 	rule = match_deny(&pkt);
@@ -146,4 +152,22 @@ SEC("tc")
 int moat_syn_accept(struct __sk_buff *skb)
 {
 	return syn_accept(skb);
+}
+
+/* Kernel-side types of the census iterator's context (CO-RE). */
+struct bpf_iter_meta___moat {
+	void *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__tcp___moat {
+	struct bpf_iter_meta___moat *meta;
+	struct sock_common___moat *sk_common;
+} __attribute__((preserve_access_index));
+
+/* The socket census pass (syncookie.h, struct syn_census_table): the control
+ * plane reads this iterator to its end every second or so. */
+SEC("iter/tcp")
+int moat_syn_census(struct bpf_iter__tcp___moat *ctx)
+{
+	return syn_census_visit(ctx->sk_common);
 }

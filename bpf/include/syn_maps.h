@@ -52,4 +52,14 @@ struct {
 	__type(value, struct syn_config);
 } syn_settings SEC(".maps");
 
+/* The socket census (struct syn_census_table). Mappable: the control plane
+ * writes its header through mmap, field by field. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct syn_census_table);
+} syn_census SEC(".maps");
+
 #endif /* MOAT_SYN_MAPS_H */

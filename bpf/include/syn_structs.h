@@ -133,6 +133,21 @@ struct syn_port_stats {
 	__u64 local_jiffies;
 	__u32 local_family;
 	__u32 local;
+	/* The listener syn_sock_state last found on this CPU, in the jiffy
+	 * and on the device of net_jiffies and net_ifindex: the family and
+	 * destination it was asked for, and whether it is bound to the
+	 * wildcard address. Within that jiffy a SYN to the same destination
+	 * whose tuple no socket census marks (syn_tuple_marked) takes it
+	 * without a socket lookup. */
+	__u8 listener_addr[16];
+	__u8 listener_family;
+	__u8 listener_wild;
+	__u8 pad[2];
+	/* The first census generation whose pass saw this port protected
+	 * (syn_census.generation + 1 when the control plane cleared the
+	 * slot): until the census floor reaches it, the port's sockets may
+	 * be unmarked and every SYN pays the socket lookup. */
+	__u32 census_from;
 	/* The arguments of that FIB lookup (struct bpf_fib_lookup), kept here
 	 * rather than on the BPF stack, which the SYN path has little of. */
 	__u8 fib[64];
@@ -164,6 +179,40 @@ struct syn_config {
 	 * older than 2.5 of these (SYN_STALE_HALF_PERIODS), the rotator is taken for dead:
 	 * moat issues and accepts no more cookies and the kernel handles SYNs. */
 	__u64 rotation_period_ns;
+};
+
+/* Slots of the socket census: 2^17 generations, 512 KiB, which the L2
+ * cache of a core holds (the kernel's established hash is larger and
+ * random SYNs miss it). */
+#define SYN_CENSUS_BITS 17
+#define SYN_CENSUS_SLOTS (1 << SYN_CENSUS_BITS)
+
+/* The socket census: which tuples of protected ports may belong to a
+ * socket other than the listener (established, request, time-wait), so
+ * that a SYN or ACK whose tuple none may own skips the socket lookup.
+ *
+ * A tuple hashes to a slot (syn_census_slot) that holds the generation it
+ * was last marked in. Marks come from the census pass, a socket iterator
+ * the control plane runs every second or so over every TCP socket of the
+ * namespace, and, between passes, from the data path where a socket is
+ * born: a SYN left to the kernel (XDP) and a cookie handshake accepted
+ * (tc). A pass first raises generation, then marks; when it is done,
+ * floor becomes the generation before its own, as events may still have
+ * written that one. A slot at floor or above may belong to a socket; one
+ * below cannot, so its tuple has none. Collisions only cost lookups.
+ *
+ * floor 0 (no full pass yet, a fresh map) or a clock past valid_until_ns
+ * (the control plane stopped counting) means no slot can be trusted and
+ * every packet pays the lookup, as without the census. The control plane
+ * writes the header fields one by one through mmap, never the whole
+ * value, so the data path's marks are never overwritten. */
+struct syn_census_table {
+	__u32 generation;      /* raised at the start of each pass */
+	__u32 floor;           /* lowest generation that still marks a socket; 0: none trusted */
+	__u64 valid_until_ns;  /* CLOCK_BOOTTIME past which floor is not trusted */
+	__u64 sockets;         /* sockets the pass running or last run marked */
+	__u64 passes;          /* complete passes */
+	__u32 marks[SYN_CENSUS_SLOTS];
 };
 
 /* What a cookie's message holds after the addresses, in both families. */

@@ -73,7 +73,17 @@ struct possible_net_t___moat {
 	struct net___moat *net;
 } __attribute__((preserve_access_index));
 
+/* Also what the socket census reads of any socket (full, request or
+ * time-wait): its tuple, family and state. */
 struct sock_common___moat {
+	__be32 skc_daddr;
+	__be32 skc_rcv_saddr;
+	__be16 skc_dport;
+	__u16 skc_num;
+	unsigned short skc_family;
+	volatile unsigned char skc_state;
+	struct in6_addr skc_v6_daddr;
+	struct in6_addr skc_v6_rcv_saddr;
 	struct possible_net_t___moat skc_net;
 } __attribute__((preserve_access_index));
 
@@ -216,6 +226,79 @@ static __always_inline __u64 syn_clock(struct syn_port_stats *st, struct packet 
 	return st->clock_ns;
 }
 
+/* The census slot of a tuple: the client's and the server's address (4 or
+ * 16 bytes, IPv4 in the first word) and ports in host order. Multiplicative
+ * hashing of the folded words, top bits: the census and the data path must
+ * agree, and a collision only costs a socket lookup. */
+static __always_inline __u32 syn_census_slot(int family, const __u32 *client, const __u32 *server,
+					     __u16 cport, __u16 sport)
+{
+	__u32 a = client[0], b = server[0];
+	__u64 x;
+
+	if (family == 6) {
+		a ^= client[1] ^ client[2] ^ client[3];
+		b ^= server[1] ^ server[2] ^ server[3];
+	}
+	x = ((__u64)(a ^ (b * 0x9e3779b9u)) << 32) | ((__u32)cport << 16 | sport);
+	x *= 0x9e3779b97f4a7c15ULL;
+	return (__u32)(x >> (64 - SYN_CENSUS_BITS)) & (SYN_CENSUS_SLOTS - 1);
+}
+
+static __always_inline __u32 syn_census_slot_of(const struct packet *p)
+{
+	__u32 c[4], s[4];
+
+	__builtin_memcpy(c, p->saddr, 16);
+	__builtin_memcpy(s, p->daddr, 16);
+	return syn_census_slot(p->family, c, s, p->sport, p->dport);
+}
+
+static __always_inline struct syn_census_table *syn_get_census(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&syn_census, &zero);
+}
+
+/* Marks the census slot of a tuple whose socket the kernel is about to
+ * make, with the generation of the pass under way: the next pass, which
+ * would see the socket, may be a second away. Written only when it
+ * changes, so a slot's cache line is not dirtied per packet. */
+static __always_inline void syn_census_mark(struct syn_census_table *c, __u32 slot)
+{
+	__u32 gen = c->generation;
+
+	if (c->marks[slot & (SYN_CENSUS_SLOTS - 1)] != gen)
+		c->marks[slot & (SYN_CENSUS_SLOTS - 1)] = gen;
+}
+
+static __always_inline void syn_mark_packet(const struct packet *p)
+{
+	struct syn_census_table *c = syn_get_census();
+
+	if (c)
+		syn_census_mark(c, syn_census_slot_of(p));
+}
+
+/* Whether p's tuple may belong to a socket other than the listener: its
+ * census slot is marked at or above the floor, or the census cannot be
+ * trusted for this port (no full pass since the port was protected, or the
+ * control plane stopped counting: valid_until_ns is past). st is the
+ * port's counters, whose clock syn_clock set for this packet. */
+static __always_inline int syn_tuple_marked(const struct packet *p, const struct syn_port_stats *st)
+{
+	struct syn_census_table *c = syn_get_census();
+	__u32 floor;
+
+	if (!c)
+		return 1;
+	floor = c->floor;
+	if (!floor || floor < st->census_from || st->clock_ns >= c->valid_until_ns)
+		return 1;
+	return c->marks[syn_census_slot_of(p) & (SYN_CENSUS_SLOTS - 1)] >= floor;
+}
+
 /* The socket tuple of a packet, in the packet's direction. */
 static __always_inline __u32 syn_tuple(const struct packet *p, struct bpf_sock_tuple *t)
 {
@@ -348,13 +431,36 @@ static __always_inline int syn_cookie_check(const struct packet *p, const struct
 	return meta;
 }
 
+/* Whether this CPU found the listener for p's destination within this
+ * jiffy on this device (syn_sock_state keeps it in st). */
+static __always_inline int syn_listener_known(const struct xdp_md *ctx, const struct packet *p,
+					      const struct syn_port_stats *st)
+{
+	__u64 a0, a1, c0, c1;
+
+	if (st->net_jiffies != st->clock_jiffies || st->net_ifindex != ctx->ingress_ifindex ||
+	    st->listener_family != p->family)
+		return 0;
+	__builtin_memcpy(&a0, p->daddr, 8);
+	__builtin_memcpy(&a1, p->daddr + 8, 8);
+	__builtin_memcpy(&c0, st->listener_addr, 8);
+	__builtin_memcpy(&c1, st->listener_addr + 8, 8);
+	return a0 == c0 && a1 == c1;
+}
+
 /* The state of the socket that owns a packet's tuple in the device's
  * namespace (established, request, time-wait or listener), or -1. *wild
  * says whether that socket is bound to the wildcard address (0.0.0.0 or
- * ::), which the lookup matches whatever the destination. For a listener,
- * and st unless NULL, st->net_settings gets its namespace's
- * syn_net_setting bits, read once per jiffy per CPU, port and device
- * (st's clock_jiffies is this packet's, as syn_clock set it). */
+ * ::), which the lookup matches whatever the destination.
+ *
+ * The lookup walks the kernel's established hash, and a random tuple
+ * misses the cache there: under a flood that miss was a fifth of the CPU.
+ * So when this CPU found the listener for this destination within the
+ * jiffy and the socket census says no other socket can own the tuple, the
+ * answer is that listener, without a lookup. Otherwise, when the lookup
+ * finds a listener, st remembers it, with its namespace's syn_net_setting
+ * bits in st->net_settings (st's clock_jiffies is this packet's, as
+ * syn_clock set it). */
 static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packet *p, int *wild,
 					  struct syn_port_stats *st)
 {
@@ -363,6 +469,10 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 	__u32 size;
 	int state;
 
+	if (syn_listener_known(ctx, p, st) && !syn_tuple_marked(p, st)) {
+		*wild = st->listener_wild;
+		return BPF_TCP_LISTEN;
+	}
 	size = syn_tuple(p, &t);
 	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
@@ -372,11 +482,15 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 		*wild = sk->src_ip4 == 0;
 	else
 		*wild = (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
-	if (st && state == BPF_TCP_LISTEN &&
-	    (st->net_jiffies != st->clock_jiffies || st->net_ifindex != ctx->ingress_ifindex)) {
-		st->net_settings = syn_net_settings(bpf_skc_to_tcp_sock(sk));
-		st->net_jiffies = st->clock_jiffies;
-		st->net_ifindex = ctx->ingress_ifindex;
+	if (state == BPF_TCP_LISTEN) {
+		if (st->net_jiffies != st->clock_jiffies || st->net_ifindex != ctx->ingress_ifindex) {
+			st->net_settings = syn_net_settings(bpf_skc_to_tcp_sock(sk));
+			st->net_jiffies = st->clock_jiffies;
+			st->net_ifindex = ctx->ingress_ifindex;
+		}
+		st->listener_family = p->family;
+		st->listener_wild = *wild;
+		__builtin_memcpy(st->listener_addr, p->daddr, 16);
 	}
 	bpf_sk_release(sk);
 	return state;
@@ -444,14 +558,14 @@ static __always_inline int syn_dest_local(struct xdp_md *ctx, const struct packe
  * and some socket listens here), and the destination is one this host
  * delivers to itself rather than routes on (syn_dest_local, asked only
  * when the listener is bound to the wildcard address). moat answers SYNs
- * and filters ACKs only then. With settings, st->net_settings is the
- * listener's namespace's (syn_sock_state). */
+ * and filters ACKs only then; st->net_settings is then the listener's
+ * namespace's (syn_sock_state). */
 static __always_inline int syn_local_listener(struct xdp_md *ctx, const struct packet *p,
-					      struct syn_port_stats *st, int settings)
+					      struct syn_port_stats *st)
 {
 	int wild = 0;
 
-	if (syn_sock_state(ctx, p, &wild, settings ? st : NULL) != BPF_TCP_LISTEN)
+	if (syn_sock_state(ctx, p, &wild, st) != BPF_TCP_LISTEN)
 		return 0;
 	return !wild || syn_dest_local(ctx, p, st);
 }
@@ -707,7 +821,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	 * with a challenge ACK, and no socket here means the destination is
 	 * elsewhere (another namespace, behind NAT, routed through) or absent,
 	 * all the kernel's business; so is a destination this host routes on. */
-	if (!syn_local_listener(ctx, p, st, 1))
+	if (!syn_local_listener(ctx, p, st))
 		return SYN_CONTINUE;
 	net = st->net_settings;
 	/* With tcp_syncookies 0 the stack would ignore the request socket tc
@@ -886,7 +1000,7 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
-	if (!syn_local_listener(ctx, p, st, 0))
+	if (!syn_local_listener(ctx, p, st))
 		return SYN_CONTINUE;
 	cfg = syn_get_config();
 	if (!cfg)
@@ -908,7 +1022,7 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 		opts = &no_opts;
 	if (syn_cookie_check(p, cfg, now, bpf_ntohl(th->ack_seq) - 1,
 			     bpf_ntohl(th->seq) - 1, opts) >= 0)
-		return SYN_CONTINUE; /* tc accepts it */
+		return SYN_CONTINUE; /* tc accepts it, and marks its tuple */
 
 	/* The kernel may have issued this ACK's cookie itself: before a flood
 	 * was detected in auto mode, or when moat left a SYN to it. Its
@@ -925,8 +1039,12 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 		if ((void *)(ip6h + 1) <= data_end)
 			kernel_cookie = bpf_tcp_raw_check_syncookie_ipv6(ip6h, th);
 	}
-	if (kernel_cookie == 0)
+	if (kernel_cookie == 0) {
+		/* The kernel makes the socket now; the census learns of it
+		 * here, as the SYN's mark may be older than the floor. */
+		syn_mark_packet(p);
 		return SYN_CONTINUE;
+	}
 	st->cookies_rejected++;
 drop:
 	st->acks_dropped++;
@@ -966,11 +1084,19 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 		if (port->mode == SYN_MODE_NEVER)
 			return SYN_CONTINUE;
 		now = syn_clock(st, p);
-		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg, now))
+		/* A SYN the kernel takes may become a socket that the next
+		 * census pass is yet to see: its tuple is marked now. (Never
+		 * mode needs no marks: protecting the port anew makes the
+		 * census start over for it.) */
+		if (port->mode == SYN_MODE_AUTO && !syn_flooding(port, st, cfg, now)) {
+			syn_mark_packet(p);
 			return SYN_CONTINUE;
+		}
 		ret = syn_answer(ctx, p, st, now);
-		if (ret == SYN_CONTINUE)
+		if (ret == SYN_CONTINUE) {
 			st->syns_passed++;
+			syn_mark_packet(p);
+		}
 		return ret;
 	}
 
@@ -1136,12 +1262,60 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 			st->cookies_accepted++;
 	}
 	/* moat's handshake: the request socket is assigned, the stack takes
-	 * it from here. */
-	if (!err)
+	 * it from here, and the census learns of its tuple at once. */
+	if (!err) {
+		syn_mark_packet(p);
 		ret = TC_ACT_OK;
+	}
 release:
 	bpf_sk_release(sk);
 	return ret;
+}
+
+/* One socket of a census pass (struct bpf_iter__tcp: every TCP socket of
+ * the namespace that opened the iterator, listeners, request and
+ * time-wait sockets included). A socket on a protected port, other than a
+ * listener, marks its tuple's slot with the pass's generation. */
+static __always_inline int syn_census_visit(struct sock_common___moat *sk)
+{
+	struct syn_census_table *c;
+	struct syn_port *port;
+	__u32 client[4] = {}, server[4] = {};
+	__u32 key;
+	int family;
+
+	if (!sk || sk->skc_state == BPF_TCP_LISTEN)
+		return 0;
+	key = sk->skc_num;
+	port = bpf_map_lookup_elem(&syn_ports, &key);
+	if (!port || port->mode == SYN_MODE_OFF)
+		return 0;
+	c = syn_get_census();
+	if (!c)
+		return 0;
+	if (sk->skc_family == AF_INET) {
+		family = 4;
+		client[0] = sk->skc_daddr;
+		server[0] = sk->skc_rcv_saddr;
+	} else if (sk->skc_family == AF_INET6) {
+		BPF_CORE_READ_INTO(&client, sk, skc_v6_daddr.in6_u.u6_addr32);
+		BPF_CORE_READ_INTO(&server, sk, skc_v6_rcv_saddr.in6_u.u6_addr32);
+		family = 6;
+		/* An IPv4 peer of a dual-stack socket (::ffff:a.b.c.d) sends
+		 * IPv4 packets: its tuple is hashed as one. */
+		if (!client[0] && !client[1] && client[2] == bpf_htonl(0xffff)) {
+			family = 4;
+			client[0] = client[3];
+			server[0] = server[3];
+			client[1] = client[2] = client[3] = 0;
+			server[1] = server[2] = server[3] = 0;
+		}
+	} else {
+		return 0;
+	}
+	syn_census_mark(c, syn_census_slot(family, client, server, bpf_ntohs(sk->skc_dport), key));
+	c->sockets++;
+	return 0;
 }
 
 /* Types the control plane needs but no map declares, so that they reach

@@ -502,16 +502,20 @@ func netstat(group, name string) (uint64, error) {
 // The tc program that accepts the handshake's last ACK plays no part in the
 // SYN-ACK rate and is not attached.
 type moatSynDefence struct {
-	b    *Bench
-	objs moatSynObjects
-	link link.Link
+	b      *Bench
+	objs   moatSynObjects
+	link   link.Link
+	census *censusRunner
 }
 
 // moatSynObjects is the part of moat's object the SYN-ACK rate depends on:
-// the XDP filter and its maps. The tc program that accepts the handshake's
-// last ACK plays no part in answering SYNs, so it is not loaded.
+// the XDP filter, the socket census that spares it socket lookups, and
+// their maps. The tc program that accepts the handshake's last ACK plays
+// no part in answering SYNs, so it is not loaded.
 type moatSynObjects struct {
 	Filter      *ebpf.Program `ebpf:"moat_filter"`
+	CensusProg  *ebpf.Program `ebpf:"moat_syn_census"`
+	SynCensus   *ebpf.Map     `ebpf:"syn_census"`
 	Counters    *ebpf.Map     `ebpf:"counters"`
 	SynKeys     *ebpf.Map     `ebpf:"syn_keys"`
 	SynPorts    *ebpf.Map     `ebpf:"syn_ports"`
@@ -522,7 +526,7 @@ type moatSynObjects struct {
 
 func (o *moatSynObjects) Close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{o.Filter, o.Counters, o.SynKeys, o.SynPorts, o.SynRotation, o.SynSettings, o.SynCounters} {
+	for _, c := range []interface{ Close() error }{o.Filter, o.CensusProg, o.SynCensus, o.Counters, o.SynKeys, o.SynPorts, o.SynRotation, o.SynSettings, o.SynCounters} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -557,7 +561,7 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 	_, err = syncookie.Rotate(m.objs.SynKeys, m.objs.SynRotation)
 	setup = append(setup, err,
 		syncookie.Configure(m.objs.SynSettings, syncookie.Config{}),
-		syncookie.Protect(m.objs.SynPorts, m.objs.SynCounters, servicePort, syncookie.ModeAlways, 0))
+		syncookie.Protect(m.objs.SynPorts, m.objs.SynCounters, m.objs.SynCensus, servicePort, syncookie.ModeAlways, 0))
 	if err := errors.Join(setup...); err != nil {
 		m.objs.Close()
 		return nil, "configure moat's SYN cookies: " + err.Error()
@@ -567,10 +571,17 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 
 func (m *moatSynDefence) Name() string { return "moat" }
 func (m *moatSynDefence) What() string {
-	return fmt.Sprintf("moat_filter in native XDP on the server's interface with SYN protection mode \"always\" on port %d (cookies answered from XDP with XDP_TX; internal/syncookie: Rotate, Configure, Protect), rule maps shared with the shield (denylist of %d prefixes, none matching the SYN sources), SYN maps of its own; own count: cookies_issued of syn_counters", servicePort, len(m.b.deny))
+	return fmt.Sprintf("moat_filter in native XDP on the server's interface with SYN protection mode \"always\" on port %d (cookies answered from XDP with XDP_TX; internal/syncookie: Rotate, Configure, Protect), the socket census taken every %s in the server's namespace as the daemon does (syncookie.Census), rule maps shared with the shield (denylist of %d prefixes, none matching the SYN sources), SYN maps of its own; own count: cookies_issued of syn_counters", servicePort, syncookie.DefaultCensusEvery, len(m.b.deny))
 }
 
 func (m *moatSynDefence) Attach(context.Context) error {
+	c, err := syncookie.NewCensus(m.objs.CensusProg, m.objs.SynCensus)
+	if err != nil {
+		return err
+	}
+	if m.census, err = startCensus(m.b.lab.Server, c); err != nil {
+		return err
+	}
 	return m.b.lab.Server.Do(func() error {
 		var err error
 		m.link, err = link.AttachXDP(link.XDPOptions{Program: m.objs.Filter, Interface: m.b.serverIf().Index, Flags: link.XDPDriverMode})
@@ -579,12 +590,16 @@ func (m *moatSynDefence) Attach(context.Context) error {
 }
 
 func (m *moatSynDefence) Detach(context.Context) error {
-	if m.link == nil {
-		return nil
+	var errs []error
+	if m.census != nil {
+		errs = append(errs, m.census.stop())
+		m.census = nil
 	}
-	err := m.link.Close()
-	m.link = nil
-	return err
+	if m.link != nil {
+		errs = append(errs, m.link.Close())
+		m.link = nil
+	}
+	return errors.Join(errs...)
 }
 
 func (m *moatSynDefence) Dropped(context.Context) (uint64, error) { return 0, nil }

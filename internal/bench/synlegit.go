@@ -552,8 +552,9 @@ func (r reflectControl) Counters(ctx context.Context) (map[string]uint64, error)
 // the XDP filter and the tcx acceptor on both server interfaces through the
 // shield, a fresh key, and the service port protected in one mode.
 type moatCookies struct {
-	b    *Bench
-	mode syncookie.Mode
+	b      *Bench
+	mode   syncookie.Mode
+	census *censusRunner
 }
 
 func (m *moatCookies) Name() string {
@@ -564,8 +565,8 @@ func (m *moatCookies) Name() string {
 }
 
 func (m *moatCookies) What() string {
-	s := fmt.Sprintf("moat_filter (XDP, native) and moat_syn_accept (tcx ingress) attached through internal/shield on both server interfaces (%s, %s) as `moat attach` does, with the shield's denylist (%d prefixes, none matching the flood or the clients); SYN protection %q on port %d (internal/syncookie: Rotate at every attach, Configure, Protect)",
-		m.b.lab.Server.Ifaces[0].Name, m.b.lab.Server.Ifaces[1].Name, len(m.b.deny), m.mode, servicePort)
+	s := fmt.Sprintf("moat_filter (XDP, native) and moat_syn_accept (tcx ingress) attached through internal/shield on both server interfaces (%s, %s) as `moat attach` does, with the shield's denylist (%d prefixes, none matching the flood or the clients); SYN protection %q on port %d (internal/syncookie: Rotate at every attach, Configure, Protect), the socket census taken every %s in the server's namespace as the daemon does",
+		m.b.lab.Server.Ifaces[0].Name, m.b.lab.Server.Ifaces[1].Name, len(m.b.deny), m.mode, servicePort, syncookie.DefaultCensusEvery)
 	switch m.mode {
 	case syncookie.ModeAlways:
 		s += ": every SYN is answered by a moat cookie from XDP, the clients' included"
@@ -577,6 +578,13 @@ func (m *moatCookies) What() string {
 
 func (m *moatCookies) Attach(context.Context) error {
 	s := m.b.shield
+	c, err := s.NewCensus()
+	if err != nil {
+		return err
+	}
+	if m.census, err = startCensus(m.b.lab.Server, c); err != nil {
+		return err
+	}
 	return m.b.lab.Server.Do(func() error {
 		for _, ifc := range m.b.lab.Server.Ifaces {
 			if _, err := s.Attach(ifc.Name, shield.ModeNative); err != nil {
@@ -589,7 +597,7 @@ func (m *moatCookies) Attach(context.Context) error {
 		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{}); err != nil {
 			return err
 		}
-		return syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), servicePort, m.mode, 0)
+		return syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), s.Map(datapath.MoatMapSynCensus), servicePort, m.mode, 0)
 	})
 }
 
@@ -598,8 +606,13 @@ func (m *moatCookies) Attach(context.Context) error {
 // interfaces, so that the next contender can attach its own.
 func (m *moatCookies) Detach(context.Context) error {
 	s := m.b.shield
+	var errs []error
+	if m.census != nil {
+		errs = append(errs, m.census.stop())
+		m.census = nil
+	}
 	return m.b.lab.Server.Do(func() error {
-		errs := []error{syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), servicePort, syncookie.ModeOff, 0)}
+		errs := append(errs, syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), s.Map(datapath.MoatMapSynCensus), servicePort, syncookie.ModeOff, 0))
 		for _, ifc := range m.b.lab.Server.Ifaces {
 			errs = append(errs, s.Detach(ifc.Name))
 		}

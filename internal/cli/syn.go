@@ -27,7 +27,7 @@ func init() {
 
 // synMaps are the pinned maps of the SYN defence.
 type synMaps struct {
-	ports, counters, keys, rotation, settings *ebpf.Map
+	ports, counters, keys, rotation, settings, census *ebpf.Map
 }
 
 func openSynMaps(s *shield.Shield) (synMaps, error) {
@@ -37,8 +37,9 @@ func openSynMaps(s *shield.Shield) (synMaps, error) {
 		keys:     s.Map(datapath.MoatMapSynKeys),
 		rotation: s.Map(datapath.MoatMapSynRotation),
 		settings: s.Map(datapath.MoatMapSynSettings),
+		census:   s.Map(datapath.MoatMapSynCensus),
 	}
-	if m.ports == nil || m.counters == nil || m.keys == nil || m.rotation == nil || m.settings == nil {
+	if m.ports == nil || m.counters == nil || m.keys == nil || m.rotation == nil || m.settings == nil || m.census == nil {
 		return m, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
 	}
 	return m, nil
@@ -143,7 +144,7 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			table, err := syncookie.ReadPortTable(sm.ports, sm.counters)
+			table, err := syncookie.ReadPortTable(sm.ports, sm.counters, sm.census)
 			if err != nil {
 				return err
 			}
@@ -241,6 +242,10 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			census, err := syncookie.ReadCensus(sm.census)
+			if err != nil {
+				return err
+			}
 			var warnings []string
 			if s.SynErr != nil {
 				warnings = append(warnings, fmt.Sprintf("some protected ports have no counters slot, and moat leaves their SYNs to the kernel: %v", s.SynErr))
@@ -257,9 +262,10 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 				return writeJSON(cmd.OutOrStdout(), struct {
 					syncookie.KeyStatus
 					RotationPeriodSeconds float64                `json:"rotation_period_seconds"`
+					Census                syncookie.CensusStatus `json:"socket_census"`
 					Ports                 []syncookie.PortStatus `json:"ports"`
 					Warnings              []string               `json:"warnings,omitempty"`
-				}{keys, keys.Period.Seconds(), ports, warnings})
+				}{keys, keys.Period.Seconds(), census, ports, warnings})
 			}
 			for _, w := range warnings {
 				fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+w)
@@ -273,6 +279,13 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			if keys.Stale {
 				fmt.Fprintf(out, "STALE KEYS: no rotation for over %s; moat issues no cookies and SYNs go to the kernel. "+
 					"Is the daemon (or `moat syn rotate --every`) running?\n", syncookie.StaleAfter(keys.Period))
+			}
+			if census.Trusted {
+				fmt.Fprintf(out, "socket census: current (%d passes; sockets of protected ports at the last: %d); "+
+					"SYNs and ACKs whose tuple no socket owns skip the socket lookup\n", census.Passes, census.Sockets)
+			} else {
+				fmt.Fprintf(out, "socket census: not current (%d passes); every SYN and ACK of a protected port pays a socket lookup. "+
+					"The daemon takes a pass every %s\n", census.Passes, syncookie.DefaultCensusEvery)
 			}
 			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tSYNS PASSED\tACCEPT ERRORS")

@@ -312,11 +312,12 @@ func (d *Daemon) applyPorts(s *shield.Shield, want []rules.PortEntry, ch *Change
 func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
 	keys, rotation := s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation)
-	if ports == nil || counters == nil || keys == nil || rotation == nil {
+	census := s.Map(datapath.MoatMapSynCensus)
+	if ports == nil || counters == nil || keys == nil || rotation == nil || census == nil {
 		return 0, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
 	}
 	// One read of syn_ports for the whole change, not one per port.
-	table, err := syncookie.ReadPortTable(ports, counters)
+	table, err := syncookie.ReadPortTable(ports, counters, census)
 	if err != nil {
 		return 0, err
 	}

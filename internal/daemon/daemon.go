@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/config"
@@ -156,6 +157,12 @@ func Run(ctx context.Context, opts Options) error {
 			metricsSrv.Close()
 		}
 	}()
+
+	stopCensus, err := d.startCensus()
+	if err != nil {
+		return err
+	}
+	defer stopCensus()
 
 	notify("READY=1\nSTATUS=protecting")
 
@@ -294,6 +301,80 @@ func (d *Daemon) expire() {
 		d.log.Error("save state", "err", err)
 	}
 	d.log.Info("expired timed rules", "count", n)
+}
+
+// startCensus takes socket census passes (syncookie.Census) every second
+// until the returned function is called: they let the SYN path skip the
+// socket lookup for tuples no socket owns. A failed pass is logged once,
+// and again when passes work again; meanwhile the data path stops
+// trusting the census and looks every socket up, as without it.
+func (d *Daemon) startCensus() (func(), error) {
+	in, closeNS, err := inThisNamespace()
+	if err != nil {
+		return nil, err
+	}
+	var c *syncookie.Census
+	err = d.withShield(func(s *shield.Shield) (err error) {
+		c, err = s.NewCensus()
+		return err
+	})
+	if err != nil {
+		closeNS()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var failing bool
+		c.Run(ctx, syncookie.DefaultCensusEvery, in, func(p syncookie.CensusPass, err error) {
+			switch {
+			case err != nil && !failing:
+				d.log.Error("socket census", "err", err)
+			case err == nil && failing:
+				d.log.Info("socket census works again", "sockets", p.Sockets)
+			}
+			failing = err != nil
+		})
+	}()
+	return func() {
+		cancel()
+		<-done
+		c.Close()
+		closeNS()
+	}, nil
+}
+
+// inThisNamespace returns a runner of functions in the network namespace
+// of the calling thread, that of the interfaces the daemon attached to,
+// whichever thread later runs them (a goroutine's may be in another).
+func inThisNamespace() (in func(func() error) error, closeNS func(), err error) {
+	target, err := netns.Get()
+	if err != nil {
+		return nil, nil, fmt.Errorf("network namespace: %w", err)
+	}
+	in = func(f func() error) error {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			return err
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			return err
+		}
+		defer func() {
+			// A thread that cannot go back stays locked: the runtime
+			// then ends it with its goroutine.
+			if netns.Set(orig) == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
+		return f()
+	}
+	return in, func() { target.Close() }, nil
 }
 
 // rotate installs a new SYN cookie key; cookies of the previous key stay

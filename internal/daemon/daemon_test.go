@@ -1246,3 +1246,64 @@ func TestStatsWatchJSONLines(t *testing.T) {
 		}
 	}
 }
+
+// TestDaemonTakesCensus: the running daemon keeps the socket census
+// current (syn status says so and counts a connection to a protected
+// port), and once it stops the census goes out of date within its
+// validity, so the data path looks sockets up again.
+func TestDaemonTakesCensus(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nsyn:\n  ports:\n    - port: 8080\n      mode: always\n", e.attackerIf()))
+	var ln net.Listener
+	if err := e.lab.Server.Do(func() (err error) {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		ln, err = lc.Listen(context.Background(), "tcp", ":8080")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var conn net.Conn
+	if err := e.lab.Client.Do(func() (err error) {
+		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(e.lab.Client.Ifaces[0].PeerIPv4, 8080).String(), 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	census := func() syncookie.CensusStatus {
+		t.Helper()
+		r := e.mustMoat("syn", "status", "--json")
+		var st struct {
+			Census syncookie.CensusStatus `json:"socket_census"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+			t.Fatalf("syn status --json: %v\n%s", err, r.stdout)
+		}
+		return st.Census
+	}
+	e.start()
+	var st syncookie.CensusStatus
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if st = census(); st.Trusted && st.Sockets == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !st.Trusted || st.Sockets != 1 || st.Passes < 2 {
+		t.Fatalf("census under the daemon: %+v, want current with the one connection", st)
+	}
+	if out := e.mustMoat("syn", "status").stdout; !strings.Contains(out, "socket census: ") || !strings.Contains(out, "sockets of protected ports at the last: 1)") {
+		t.Errorf("syn status:\n%s", out)
+	}
+	e.stop(syscall.SIGTERM)
+	passes := census().Passes
+	wait := syncookie.CensusValidity(syncookie.DefaultCensusEvery) + time.Second
+	time.Sleep(wait)
+	if st := census(); st.Trusted || st.Passes != passes {
+		t.Errorf("census %s after the daemon stopped: %+v, want out of date and no more passes than %d", wait, st, passes)
+	}
+	if out := e.mustMoat("syn", "status").stdout; !strings.Contains(out, "socket census: not current") {
+		t.Errorf("syn status without the daemon:\n%s", out)
+	}
+}

@@ -330,6 +330,16 @@ type MoatSummaryState struct {
 	Removed uint64
 }
 
+type MoatSynCensusTable struct {
+	_            structs.HostLayout
+	Generation   uint32
+	Floor        uint32
+	ValidUntilNs uint64
+	Sockets      uint64
+	Passes       uint64
+	Marks        [131072]uint32
+}
+
 type MoatSynConfig struct {
 	_                structs.HostLayout
 	HoldNs           uint64
@@ -441,6 +451,11 @@ type MoatSynPortStats struct {
 	LocalJiffies    uint64
 	LocalFamily     uint32
 	Local           uint32
+	ListenerAddr    [16]uint8
+	ListenerFamily  uint8
+	ListenerWild    uint8
+	Pad             [2]uint8
+	CensusFrom      uint32
 	Fib             [64]uint8
 }
 
@@ -504,6 +519,7 @@ const (
 	MoatMapSettings                   = "settings"
 	MoatMapShape                      = "shape"
 	MoatMapShapePorts                 = "shape_ports"
+	MoatMapSynCensus                  = "syn_census"
 	MoatMapSynCounters                = "syn_counters"
 	MoatMapSynKeys                    = "syn_keys"
 	MoatMapSynPorts                   = "syn_ports"
@@ -512,6 +528,7 @@ const (
 	MoatProgDenySummaryOr             = "deny_summary_or"
 	MoatProgMoatFilter                = "moat_filter"
 	MoatProgMoatSynAccept             = "moat_syn_accept"
+	MoatProgMoatSynCensus             = "moat_syn_census"
 	MoatVarUnusedCaptureExportedTypes = "unused_capture_exported_types"
 	MoatVarUnusedExportedTypes        = "unused_exported_types"
 	MoatVarUnusedRlExportedTypes      = "unused_rl_exported_types"
@@ -563,6 +580,7 @@ type MoatProgramSpecs struct {
 	DenySummaryOr *ebpf.ProgramSpec `ebpf:"deny_summary_or"`
 	MoatFilter    *ebpf.ProgramSpec `ebpf:"moat_filter"`
 	MoatSynAccept *ebpf.ProgramSpec `ebpf:"moat_syn_accept"`
+	MoatSynCensus *ebpf.ProgramSpec `ebpf:"moat_syn_census"`
 }
 
 // MoatMapSpecs contains maps before they are loaded into the kernel.
@@ -601,6 +619,7 @@ type MoatMapSpecs struct {
 	Settings         *ebpf.MapSpec `ebpf:"settings"`
 	Shape            *ebpf.MapSpec `ebpf:"shape"`
 	ShapePorts       *ebpf.MapSpec `ebpf:"shape_ports"`
+	SynCensus        *ebpf.MapSpec `ebpf:"syn_census"`
 	SynCounters      *ebpf.MapSpec `ebpf:"syn_counters"`
 	SynKeys          *ebpf.MapSpec `ebpf:"syn_keys"`
 	SynPorts         *ebpf.MapSpec `ebpf:"syn_ports"`
@@ -670,6 +689,7 @@ type MoatMaps struct {
 	Settings         *ebpf.Map `ebpf:"settings"`
 	Shape            *ebpf.Map `ebpf:"shape"`
 	ShapePorts       *ebpf.Map `ebpf:"shape_ports"`
+	SynCensus        *ebpf.Map `ebpf:"syn_census"`
 	SynCounters      *ebpf.Map `ebpf:"syn_counters"`
 	SynKeys          *ebpf.Map `ebpf:"syn_keys"`
 	SynPorts         *ebpf.Map `ebpf:"syn_ports"`
@@ -711,6 +731,7 @@ func (m *MoatMaps) Close() error {
 		m.Settings,
 		m.Shape,
 		m.ShapePorts,
+		m.SynCensus,
 		m.SynCounters,
 		m.SynKeys,
 		m.SynPorts,
@@ -736,6 +757,7 @@ type MoatPrograms struct {
 	DenySummaryOr *ebpf.Program `ebpf:"deny_summary_or"`
 	MoatFilter    *ebpf.Program `ebpf:"moat_filter"`
 	MoatSynAccept *ebpf.Program `ebpf:"moat_syn_accept"`
+	MoatSynCensus *ebpf.Program `ebpf:"moat_syn_census"`
 }
 
 func (p *MoatPrograms) Close() error {
@@ -743,6 +765,7 @@ func (p *MoatPrograms) Close() error {
 		p.DenySummaryOr,
 		p.MoatFilter,
 		p.MoatSynAccept,
+		p.MoatSynCensus,
 	)
 }
 

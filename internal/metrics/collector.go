@@ -143,6 +143,13 @@ var (
 	keysStaleDesc = desc("moat_syncookie_keys_stale",
 		"1 if the last SYN cookie key rotation is older than 2.5 rotation periods: the data path then issues no cookies "+
 			"(is the daemon that rotates the keys running?).")
+	censusPassesDesc = desc("moat_syncookie_census_passes_total",
+		"Socket census passes since moat's maps were created (the daemon takes one a second).")
+	censusSocketsDesc = desc("moat_syncookie_census_sockets",
+		"Sockets of protected ports (established, request, time-wait) that the last census pass marked.")
+	censusCurrentDesc = desc("moat_syncookie_census_current",
+		"1 while the socket census is current, so that SYNs and ACKs whose tuple no socket owns skip the socket lookup; "+
+			"0: every SYN and ACK of a protected port pays the lookup (is the daemon running?).")
 	keyRotatedDesc = desc("moat_syncookie_key_last_rotation_timestamp_seconds",
 		"Unix time of the last SYN cookie key rotation; 0 if none. Keys rotate every minute while the daemon runs.")
 
@@ -200,6 +207,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		synSYNsDesc, synIssuedDesc, synAcceptedDesc, synRejectedDesc, synACKsDroppedDesc,
 		synAcceptErrorsDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
 		synThresholdDesc, synPortInfoDesc, keyRotationsDesc, keyRotatedDesc, keysStaleDesc,
+		censusPassesDesc, censusSocketsDesc, censusCurrentDesc,
 		rlPacketsDesc, rlBytesDesc, rlUntrackedDesc, rlTrackedDesc, rlBlocksDesc, rlBlockErrorsDesc,
 		listScanAgeDesc, scrapeSuccessDesc, scrapeDurationDesc, stateDesc,
 	} {
@@ -459,6 +467,20 @@ func (c *Collector) collectSynCookie(p *pinned, ch chan<- prometheus.Metric) err
 	ch <- counter(keyRotationsDesc, float64(keys.Rotations))
 	ch <- gauge(keyRotatedDesc, unixSeconds(keys.LastRotation))
 	ch <- gauge(keysStaleDesc, boolValue(keys.Rotations > 0 && keys.Stale))
+
+	// State pinned by a moat older than the census has no census map
+	// until this version opens it.
+	censusMap := p.maps[datapath.MoatMapSynCensus]
+	if censusMap == nil {
+		return nil
+	}
+	census, err := syncookie.ReadCensus(censusMap)
+	if err != nil {
+		return err
+	}
+	ch <- counter(censusPassesDesc, float64(census.Passes))
+	ch <- gauge(censusSocketsDesc, float64(census.Sockets))
+	ch <- gauge(censusCurrentDesc, boolValue(census.Trusted))
 	return nil
 }
 

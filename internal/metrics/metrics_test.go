@@ -174,10 +174,10 @@ func setUp(t *testing.T) (s *shield.Shield, iface string, fs []sent, statsOn boo
 	if err := s.AddPortRule(rules.PortSpec{Class: rules.TCP, From: sshPort, To: sshPort}, rules.Allow); err != nil {
 		t.Fatal(err)
 	}
-	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), synPort, syncookie.ModeAlways, 0); err != nil {
+	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), s.Map(datapath.MoatMapSynCensus), synPort, syncookie.ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), autoPort, syncookie.ModeAuto, 1); err != nil {
+	if err := syncookie.Protect(s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters), s.Map(datapath.MoatMapSynCensus), autoPort, syncookie.ModeAuto, 1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := syncookie.Rotate(s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation)); err != nil {
@@ -508,6 +508,9 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 	}
 	got.eq(t, "moat_syncookie_key_rotations_total", counterT, 1)
 	got.eq(t, "moat_syncookie_keys_stale", gaugeT, 0)
+	// No daemon here, so no census passes.
+	got.eq(t, "moat_syncookie_census_passes_total", counterT, 0)
+	got.eq(t, "moat_syncookie_census_current", gaugeT, 0)
 	rotated := got.get(t, "moat_syncookie_key_last_rotation_timestamp_seconds", gaugeT)
 	if age := time.Since(time.Unix(0, int64(rotated*1e9))); age < 0 || age > time.Minute {
 		t.Errorf("last key rotation %v ago, want within the test", age)

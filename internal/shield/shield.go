@@ -44,7 +44,7 @@ var sharedMaps = []string{
 	datapath.MoatMapComments, datapath.MoatMapPortRules,
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
 	datapath.MoatMapSynPorts, datapath.MoatMapSynCounters, datapath.MoatMapSynKeys,
-	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings,
+	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings, datapath.MoatMapSynCensus,
 	datapath.MoatMapRlRules, datapath.MoatMapRlPortScopes, datapath.MoatMapRlClassScopes, datapath.MoatMapRlBudgets, datapath.MoatMapRlSources, datapath.MoatMapRlSketch, datapath.MoatMapRlStats, datapath.MoatMapRlSettings, datapath.MoatMapHhSources, datapath.MoatMapShape, datapath.MoatMapShapePorts, // rate limits (internal/ratelimit)
 	datapath.MoatMapCaptureSettings, datapath.MoatMapCaptureRing, datapath.MoatMapCaptureLost, datapath.MoatMapCaptureSeen, // packet capture (internal/capture)
 }

@@ -210,7 +210,7 @@ func TestOlderFilterKeepsTheOldSynCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
-	if err := syncookie.Protect(ports, counters, 8443, syncookie.ModeAlways, 0); err != nil {
+	if err := syncookie.Protect(ports, counters, s.Map(datapath.MoatMapSynCensus), 8443, syncookie.ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -302,7 +302,7 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
-	if err := syncookie.Protect(ports, counters, 443, syncookie.ModeAlways, 0); err != nil {
+	if err := syncookie.Protect(ports, counters, s.Map(datapath.MoatMapSynCensus), 443, syncookie.ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
 	pe, err := syncookie.ProtectedPorts(ports)

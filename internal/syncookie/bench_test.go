@@ -93,7 +93,7 @@ func BenchmarkPerPacket(b *testing.B) {
 
 	for _, bc := range cases {
 		// A high threshold keeps auto mode out of flood mode.
-		if err := Protect(objs.SynPorts, objs.SynCounters, srvAddr.Port(), bc.mode, 1<<30); err != nil {
+		if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, srvAddr.Port(), bc.mode, 1<<30); err != nil {
 			b.Fatal(err)
 		}
 		b.Run(bc.name, func(b *testing.B) {

@@ -243,8 +243,8 @@ func Keys(rotation, settings *ebpf.Map) (KeyStatus, error) {
 // Protect sets the mode of one TCP port; see PortTable.Protect. It reads
 // all of syn_ports to find a free counters slot: a caller that sets many
 // ports reads them once, with ReadPortTable.
-func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32) error {
-	t, err := ReadPortTable(ports, counters)
+func Protect(ports, counters, census *ebpf.Map, port uint16, mode Mode, threshold uint32) error {
+	t, err := ReadPortTable(ports, counters, census)
 	if err != nil {
 		return err
 	}
@@ -257,13 +257,14 @@ func Protect(ports, counters *ebpf.Map, port uint16, mode Mode, threshold uint32
 // Reading syn_ports costs about 15 ms (the kernel copies the 65536 entries
 // one by one), so a change of many ports uses one table for all of them.
 type PortTable struct {
-	ports, counters *ebpf.Map
-	entries         map[uint16]datapath.MoatSynPort // protected ports only
-	slots           map[uint16]uint16               // slot -> port
+	ports, counters, census *ebpf.Map
+	entries                 map[uint16]datapath.MoatSynPort // protected ports only
+	slots                   map[uint16]uint16               // slot -> port
 }
 
-// ReadPortTable reads the protected ports of syn_ports.
-func ReadPortTable(ports, counters *ebpf.Map) (*PortTable, error) {
+// ReadPortTable reads the protected ports of syn_ports. census is the
+// socket census (syn_census), which a newly protected port must wait for.
+func ReadPortTable(ports, counters, census *ebpf.Map) (*PortTable, error) {
 	protected, err := ProtectedPorts(ports)
 	if err != nil {
 		return nil, err
@@ -271,6 +272,7 @@ func ReadPortTable(ports, counters *ebpf.Map) (*PortTable, error) {
 	t := &PortTable{
 		ports:    ports,
 		counters: counters,
+		census:   census,
 		entries:  make(map[uint16]datapath.MoatSynPort, len(protected)),
 		slots:    make(map[uint16]uint16, len(protected)),
 	}
@@ -321,8 +323,16 @@ func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
 	// The data path counts per CPU in 100 ms windows; spread the rate
 	// evenly, as RSS spreads a spoofed flood.
 	perWindow := windowThreshold(threshold)
-	// Counters first: the port's entry names the slot only once it is clear.
-	if err := clearSlot(t.counters, slot); err != nil {
+	// The census has not marked this port's sockets (nor, for a port
+	// that was in never mode, the ones born since): the data path may
+	// trust it for the port only from the first pass that starts after
+	// this. Counters first: the port's entry names the slot only once it
+	// is clear.
+	gen, err := CensusGeneration(t.census)
+	if err != nil {
+		return fmt.Errorf("protect tcp/%d: %w", port, err)
+	}
+	if err := clearSlot(t.counters, slot, gen+1); err != nil {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
 	v := datapath.MoatSynPort{Mode: uint8(mode), WindowThreshold: perWindow, Slot: slot}
@@ -341,9 +351,13 @@ var ErrNoFreeSlot = errors.New("too many protected ports")
 // (MAX_SYN_PORTS in syn_structs.h): the slots of syn_counters but slot 0.
 const MaxProtectedPorts = 1024
 
-// clearSlot zeroes a slot's counters on every CPU.
-func clearSlot(counters *ebpf.Map, slot uint16) error {
+// clearSlot zeroes a slot's counters on every CPU, where the data path
+// then trusts the socket census from generation censusFrom.
+func clearSlot(counters *ebpf.Map, slot uint16, censusFrom uint32) error {
 	zero := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
+	for i := range zero {
+		zero[i].CensusFrom = censusFrom
+	}
 	if err := counters.Update(uint32(slot), zero, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("clear counters slot %d: %w", slot, err)
 	}

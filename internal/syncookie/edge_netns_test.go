@@ -379,9 +379,14 @@ func TestSettingsChangedDuringHandshake(t *testing.T) {
 // TestKernelCookieACKs: a handshake whose SYN-ACK the kernel sent with its
 // own cookie (before moat turned to cookies, or for a SYN moat left to
 // it) completes through the ACK filter; the same ACK with a cookie bit
-// flipped is dropped in XDP and never reaches the kernel.
+// flipped is dropped in XDP and never reaches the kernel. The ACK that
+// makes the kernel create a socket marks its tuple in the socket census
+// (no passes run here, so only the data path marks); the dropped one does
+// not.
 func TestKernelCookieACKs(t *testing.T) {
-	s := newShielded(t, ModeNever)
+	s := newShieldedNoCensus(t, ModeNever)
+	census := censusTable(t, s.objs.SynCensus)
+	census.Generation = 9
 	_, accepted := echoServer(t, s.lab.Server)
 	setSysctl(t, s.lab.Server, "tcp_syncookies", "2") // the kernel answers every SYN with a cookie
 	send := rawSender(t, s.lab.Attacker)
@@ -410,7 +415,7 @@ func TestKernelCookieACKs(t *testing.T) {
 				}
 				return testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC, Net: n, L4: tcp}.Bytes()
 			}
-			if err := Protect(s.objs.SynPorts, s.objs.SynCounters, labPort, ModeNever, 0); err != nil {
+			if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, ModeNever, 0); err != nil {
 				t.Fatal(err)
 			}
 			// No timestamps: the kernel's cookie then lives in the
@@ -421,10 +426,12 @@ func TestKernelCookieACKs(t *testing.T) {
 				t.Fatalf("moat answered a SYN in never mode: %+v", st)
 			}
 
-			if err := Protect(s.objs.SynPorts, s.objs.SynCounters, labPort, ModeAlways, 0); err != nil {
+			if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, ModeAlways, 0); err != nil {
 				t.Fatal(err)
 			}
 			before := s.status(t)
+			slot := CensusSlot(netip.AddrPortFrom(tc.src, port), netip.AddrPortFrom(tc.dst, labPort))
+			census.Marks[slot] = 0
 			send(frame(testpkt.TCP{ACK: true, Seq: clientISN + 1, Ack: (synack.Seq + 1) ^ tc.flip}))
 			var srv *net.TCPConn
 			select {
@@ -439,7 +446,13 @@ func TestKernelCookieACKs(t *testing.T) {
 				if after.ACKsDropped != before.ACKsDropped {
 					t.Errorf("acks dropped %d->%d", before.ACKsDropped, after.ACKsDropped)
 				}
+				if g := census.Marks[slot]; g != 9 {
+					t.Errorf("census slot of the new connection holds %d, want generation 9", g)
+				}
 				return
+			}
+			if g := census.Marks[slot]; g != 0 {
+				t.Errorf("census slot of a dropped ACK holds %d, want no mark", g)
 			}
 			if srv != nil {
 				t.Fatal("an ACK with a forged kernel cookie was accepted")

@@ -35,14 +35,49 @@ type shielded struct {
 	objs *datapath.MoatObjects
 }
 
+// newShielded protects labPort in mode on the server of a new lab, with
+// census passes taken in the server's namespace every second and trusted
+// before it returns, as under the daemon.
 func newShielded(t *testing.T, mode Mode) *shielded {
+	t.Helper()
+	s := newShieldedNoCensus(t, mode)
+	c, err := NewCensus(s.objs.MoatSynCensus, s.objs.SynCensus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := s.lab.Server.Do(func() error { _, err := c.Take(time.Second); return err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Run(ctx, time.Second, s.lab.Server.Do, func(_ CensusPass, err error) {
+			if err != nil && ctx.Err() == nil {
+				t.Errorf("census pass: %v", err)
+			}
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		c.Close()
+	})
+	return s
+}
+
+// newShieldedNoCensus is newShielded without census passes: every SYN and
+// ACK pays the socket lookup, unless the test takes passes itself.
+func newShieldedNoCensus(t *testing.T, mode Mode) *shielded {
 	t.Helper()
 	l := lab.NewT(t)
 	objs := loadObjects(t)
 	if _, err := Rotate(objs.SynKeys, objs.SynRotation); err != nil {
 		t.Fatal(err)
 	}
-	if err := Protect(objs.SynPorts, objs.SynCounters, labPort, mode, 0); err != nil {
+	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, labPort, mode, 0); err != nil {
 		t.Fatal(err)
 	}
 	var links []link.Link
@@ -416,7 +451,7 @@ func TestAutoModeUnderSynFlood(t *testing.T) {
 	s := newShielded(t, ModeAuto)
 	// 400 SYN/s is 20 per CPU per 100 ms window on 2 CPUs: far below what
 	// the generator sends, far above the test's own connections.
-	if err := Protect(s.objs.SynPorts, s.objs.SynCounters, labPort, ModeAuto, 400); err != nil {
+	if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, ModeAuto, 400); err != nil {
 		t.Fatal(err)
 	}
 	if err := Configure(s.objs.SynSettings, Config{Hold: 500 * time.Millisecond}); err != nil {

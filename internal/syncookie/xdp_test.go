@@ -334,7 +334,7 @@ func setup(t *testing.T) *datapath.MoatObjects {
 		port uint16
 		mode Mode
 	}{{protectedPort, ModeAlways}, {neverPort, ModeNever}, {noListenerPort, ModeAlways}} {
-		if err := Protect(objs.SynPorts, objs.SynCounters, p.port, p.mode, 0); err != nil {
+		if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, p.port, p.mode, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -654,13 +654,13 @@ func TestCounterSlots(t *testing.T) {
 		t.Fatalf("syn_counters has %d slots for ports, MaxProtectedPorts says %d", free, MaxProtectedPorts)
 	}
 	for i := 0; i < 3; i++ {
-		if err := Protect(objs.SynPorts, objs.SynCounters, uint16(1000+i), ModeNever, 0); err != nil {
+		if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, uint16(1000+i), ModeNever, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The other slots, through one table as the CLI and the daemon change
 	// many ports: it must see the slots it hands out itself.
-	table, err := ReadPortTable(objs.SynPorts, objs.SynCounters)
+	table, err := ReadPortTable(objs.SynPorts, objs.SynCounters, objs.SynCensus)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -690,7 +690,7 @@ func TestCounterSlots(t *testing.T) {
 	if err := table.Protect(9, ModeAlways, 0); !errors.Is(err, ErrNoFreeSlot) {
 		t.Fatalf("protecting one port too many through the table: %v, want ErrNoFreeSlot", err)
 	}
-	err = Protect(objs.SynPorts, objs.SynCounters, 9, ModeAlways, 0)
+	err = Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, 9, ModeAlways, 0)
 	if !errors.Is(err, ErrNoFreeSlot) {
 		t.Fatalf("protecting one port too many: %v, want ErrNoFreeSlot", err)
 	}
@@ -720,14 +720,14 @@ func TestCounterSlots(t *testing.T) {
 	}
 	// Protecting a protected port again keeps its slot.
 	before := slotOf(1001)
-	if err := Protect(objs.SynPorts, objs.SynCounters, 1001, ModeAuto, 0); err != nil || slotOf(1001) != before {
+	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, 1001, ModeAuto, 0); err != nil || slotOf(1001) != before {
 		t.Errorf("re-protecting tcp/1001: slot %d -> %d (%v)", before, slotOf(1001), err)
 	}
 }
 
 func TestNoCookiesWithoutKey(t *testing.T) {
 	objs := loadObjects(t)
-	if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAlways, 0); err != nil {
+	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
 	withListener(t, func() {
@@ -876,7 +876,7 @@ func TestUnwrittenKeySlotSignsNothing(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAlways, 0); err != nil {
+			if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAlways, 0); err != nil {
 				t.Fatal(err)
 			}
 			withListener(t, func() {
@@ -945,7 +945,7 @@ func TestAutoModeSwitches(t *testing.T) {
 	objs := setup(t)
 	// A threshold of 1 SYN/s is 1 SYN per CPU window: the second SYN in a
 	// window is a flood.
-	if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAuto, 1); err != nil {
+	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAuto, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := Configure(objs.SynSettings, Config{Hold: 150 * time.Millisecond}); err != nil {
@@ -1039,7 +1039,7 @@ func TestRoutedDestinations(t *testing.T) {
 	if _, err := Rotate(objs.SynKeys, objs.SynRotation); err != nil {
 		t.Fatal(err)
 	}
-	if err := Protect(objs.SynPorts, objs.SynCounters, protectedPort, ModeAlways, 0); err != nil {
+	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAlways, 0); err != nil {
 		t.Fatal(err)
 	}
 	far4, far6 := netip.MustParseAddr("192.0.2.77"), netip.MustParseAddr("2001:db8::77")

@@ -1,0 +1,238 @@
+package syncookie
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/datapath"
+)
+
+// The socket census (struct syn_census_table in syn_structs.h) tells the
+// data path which tuples of protected ports may belong to a socket other
+// than the listener. A SYN or ACK whose tuple no socket can own then skips
+// the kernel's socket lookup, whose miss in the established hash was a
+// fifth of the CPU under a SYN flood. Census passes keep it true: each
+// walks every TCP socket of the namespace with a socket iterator and marks
+// the tuples of protected ports. Until a pass has run, or once passes stop
+// for longer than the validity they promise, every packet pays the lookup
+// as before; a stale census is never trusted.
+
+// DefaultCensusEvery is how often the daemon takes a census pass. It bounds
+// how long a socket the data path cannot see being born (one the server
+// opens from a protected port, or whose SYN came in through an interface
+// without moat) goes unmarked.
+const DefaultCensusEvery = time.Second
+
+// CensusValidity is how long a pass stays trusted when no next one comes:
+// a few missed passes (a busy machine, a slow pass) keep the fast path,
+// a dead control plane loses it.
+func CensusValidity(every time.Duration) time.Duration {
+	return max(5*every, 5*time.Second)
+}
+
+// Census takes census passes into the syn_census map.
+type Census struct {
+	it  *link.Iter
+	hdr *censusHeader
+}
+
+// CensusPass is what one pass found.
+type CensusPass struct {
+	Generation uint32
+	Sockets    uint64 // sockets of protected ports marked
+	Took       time.Duration
+}
+
+// censusHeader is the mapped header of the syn_census value, written field
+// by field with atomic stores: the marks after it are the data path's.
+type censusHeader struct {
+	mem             []byte
+	gen, floor      *uint32
+	validUntil      *uint64
+	sockets, passes *uint64
+}
+
+func mapCensusHeader(m *ebpf.Map) (*censusHeader, error) {
+	if m == nil {
+		return nil, errors.New("no census map")
+	}
+	mem, err := unix.Mmap(m.FD(), 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map the census: %w", err)
+	}
+	var t datapath.MoatSynCensusTable
+	at := func(off uintptr) unsafe.Pointer { return unsafe.Pointer(&mem[off]) }
+	return &censusHeader{
+		mem:        mem,
+		gen:        (*uint32)(at(unsafe.Offsetof(t.Generation))),
+		floor:      (*uint32)(at(unsafe.Offsetof(t.Floor))),
+		validUntil: (*uint64)(at(unsafe.Offsetof(t.ValidUntilNs))),
+		sockets:    (*uint64)(at(unsafe.Offsetof(t.Sockets))),
+		passes:     (*uint64)(at(unsafe.Offsetof(t.Passes))),
+	}, nil
+}
+
+func (h *censusHeader) close() { unix.Munmap(h.mem) }
+
+// readCensus copies the census value: readers need no mapping, so the
+// read-only pins that metrics open will do.
+func readCensus(m *ebpf.Map) (*datapath.MoatSynCensusTable, error) {
+	if m == nil {
+		return nil, errors.New("no census map")
+	}
+	var t datapath.MoatSynCensusTable
+	if err := m.Lookup(uint32(0), &t); err != nil {
+		return nil, fmt.Errorf("read the census: %w", err)
+	}
+	return &t, nil
+}
+
+// CensusGeneration reads the generation of the census pass under way (or
+// last taken).
+func CensusGeneration(m *ebpf.Map) (uint32, error) {
+	t, err := readCensus(m)
+	if err != nil {
+		return 0, err
+	}
+	return t.Generation, nil
+}
+
+// NewCensus attaches the census iterator (the program moat_syn_census,
+// loaded against the map syn_census; the caller may close prog then). A
+// pass counts the sockets of the network namespace of the thread that
+// calls Take. One Census takes passes into a map at a time.
+func NewCensus(prog *ebpf.Program, m *ebpf.Map) (*Census, error) {
+	hdr, err := mapCensusHeader(m)
+	if err != nil {
+		return nil, err
+	}
+	it, err := link.AttachIter(link.IterOptions{Program: prog})
+	if err != nil {
+		hdr.close()
+		return nil, fmt.Errorf("attach the socket census: %w", err)
+	}
+	return &Census{it: it, hdr: hdr}, nil
+}
+
+// Close detaches the iterator. The census stays trusted for the validity of
+// the last pass, then the data path looks every socket up again.
+func (c *Census) Close() error {
+	c.hdr.close()
+	return c.it.Close()
+}
+
+// Take runs one pass: it raises the generation, marks every socket of a
+// protected port with it, and then lets the data path trust the census
+// down to the generation before, which events may still have written, for
+// the validity of a pass taken every `every`.
+func (c *Census) Take(every time.Duration) (CensusPass, error) {
+	start := time.Now()
+	gen := atomic.LoadUint32(c.hdr.gen) + 1
+	atomic.StoreUint64(c.hdr.sockets, 0)
+	atomic.StoreUint32(c.hdr.gen, gen)
+	r, err := c.it.Open()
+	if err != nil {
+		return CensusPass{}, fmt.Errorf("socket census: %w", err)
+	}
+	defer r.Close()
+	buf := make([]byte, 4096)
+	for {
+		_, err := r.Read(buf)
+		if err == io.EOF {
+			break
+		}
+		// A read ends early, with EAGAIN, after a million sockets that
+		// printed nothing; the next one goes on from there.
+		if err != nil && !errors.Is(err, unix.EAGAIN) {
+			return CensusPass{}, fmt.Errorf("socket census: %w", err)
+		}
+	}
+	atomic.StoreUint64(c.hdr.validUntil, bootNow()+uint64(CensusValidity(every)))
+	atomic.StoreUint32(c.hdr.floor, gen-1)
+	atomic.AddUint64(c.hdr.passes, 1)
+	return CensusPass{Generation: gen, Sockets: atomic.LoadUint64(c.hdr.sockets), Took: time.Since(start)}, nil
+}
+
+// Run takes a pass every `every` until ctx ends. in runs each pass (nil:
+// on the calling goroutine's thread), so that a caller can take it in a
+// network namespace of its choice; report, unless nil, hears of each.
+func (c *Census) Run(ctx context.Context, every time.Duration, in func(func() error) error, report func(CensusPass, error)) {
+	if in == nil {
+		in = func(f func() error) error { return f() }
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		var p CensusPass
+		err := in(func() (err error) { p, err = c.Take(every); return err })
+		if report != nil {
+			report(p, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// CensusStatus is the census as the data path sees it.
+type CensusStatus struct {
+	Generation uint32 `json:"generation"`
+	Passes     uint64 `json:"passes"`
+	Sockets    uint64 `json:"sockets"` // marked by the last pass
+	// Trusted: a pass completed and its validity has not run out; while
+	// false, every SYN and ACK of a protected port pays the socket lookup.
+	Trusted bool `json:"trusted"`
+}
+
+// ReadCensus reads the census header.
+func ReadCensus(m *ebpf.Map) (CensusStatus, error) {
+	t, err := readCensus(m)
+	if err != nil {
+		return CensusStatus{}, err
+	}
+	return CensusStatus{
+		Generation: t.Generation,
+		Passes:     t.Passes,
+		Sockets:    t.Sockets,
+		Trusted:    t.Floor != 0 && bootNow() < t.ValidUntilNs,
+	}, nil
+}
+
+// CensusSlot is the census slot of a tuple, as syn_census_slot computes it
+// in the data path: the client's and the server's address and port. An
+// IPv4 address mapped into IPv6 counts as IPv4, as its packets are.
+func CensusSlot(client, server netip.AddrPort) uint32 {
+	word := func(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
+	fold := func(a netip.Addr) uint32 {
+		if a.Unmap().Is4() {
+			b := a.Unmap().As4()
+			return word(b[:])
+		}
+		b := a.As16()
+		return word(b[0:]) ^ word(b[4:]) ^ word(b[8:]) ^ word(b[12:])
+	}
+	a, b := fold(client.Addr()), fold(server.Addr())
+	x := uint64(a^(b*0x9e3779b9))<<32 | uint64(client.Port())<<16 | uint64(server.Port())
+	x *= 0x9e3779b97f4a7c15
+	return uint32(x>>(64-censusBits)) & (censusSlots - 1)
+}
+
+// The size of the census (SYN_CENSUS_BITS in syn_structs.h).
+const (
+	censusBits  = 17
+	censusSlots = 1 << censusBits
+)

@@ -1,0 +1,360 @@
+package syncookie
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+// censusTable maps the whole census value for a test, which may then set
+// its header and marks directly (the control plane itself writes only the
+// header, field by field).
+func censusTable(t testing.TB, m *ebpf.Map) *datapath.MoatSynCensusTable {
+	t.Helper()
+	page := os.Getpagesize()
+	size := (int(unsafe.Sizeof(datapath.MoatSynCensusTable{})) + page - 1) / page * page
+	mem, err := unix.Mmap(m.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("map the census: %v", err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return (*datapath.MoatSynCensusTable)(unsafe.Pointer(&mem[0]))
+}
+
+// synOf is a plain SYN from client to server.
+func synOf(client, server netip.AddrPort) []byte {
+	f := testpkt.Frame{L4: testpkt.TCP{SrcPort: client.Port(), DstPort: server.Port(), Seq: clientISN, SYN: true}}
+	if client.Addr().Is6() {
+		f.Net = testpkt.IPv6{Src: client.Addr(), Dst: server.Addr()}
+	} else {
+		f.Net = testpkt.IPv4{Src: client.Addr(), Dst: server.Addr()}
+	}
+	return f.Bytes()
+}
+
+func TestCensusLayout(t *testing.T) {
+	var c datapath.MoatSynCensusTable
+	if len(c.Marks) != censusSlots {
+		t.Fatalf("%d marks, CensusSlot assumes %d", len(c.Marks), censusSlots)
+	}
+	if off := unsafe.Offsetof(c.Marks); off > uintptr(os.Getpagesize()) {
+		t.Fatalf("header of %d bytes is more than the page Census maps", off)
+	}
+}
+
+// TestCensusSlotAgreesWithDataPath: the data path marks the slot that
+// CensusSlot names for the tuple of a SYN it leaves to the kernel (auto
+// mode, no flood), in both families, with the generation of the pass under
+// way; a SYN to an unprotected port marks nothing, and an allowlisted SYN
+// (which skips the SYN defence) is marked too.
+func TestCensusSlotAgreesWithDataPath(t *testing.T) {
+	objs := setup(t)
+	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAuto, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	c := censusTable(t, objs.SynCensus)
+	c.Generation = 7
+	marked := func() map[uint32]uint32 {
+		out := map[uint32]uint32{}
+		for i, g := range c.Marks {
+			if g != 0 {
+				out[uint32(i)] = g
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name           string
+		client, server netip.Addr
+		port           uint16
+		want           bool
+	}{
+		{"ipv4", client4, server4, protectedPort, true},
+		{"ipv6", client6, server6, protectedPort, true},
+		{"ipv4 unprotected port", client4, server4, unprotectedPort, false},
+		{"ipv6 allowlisted", client6, server6, unprotectedPort, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "ipv6 allowlisted" {
+				allow(t, objs, tc.client)
+			}
+			c.Marks = [censusSlots]uint32{}
+			var ret uint32
+			withListener(t, func() {
+				ret, _ = run(t, objs.MoatFilter, synOf(netip.AddrPortFrom(tc.client, 40123), netip.AddrPortFrom(tc.server, tc.port)))
+			})
+			if ret != 2 {
+				t.Fatalf("verdict %d, want XDP_PASS", ret)
+			}
+			got := marked()
+			if !tc.want {
+				if len(got) != 0 {
+					t.Fatalf("marks %v, want none", got)
+				}
+				return
+			}
+			slot := CensusSlot(netip.AddrPortFrom(tc.client, 40123), netip.AddrPortFrom(tc.server, tc.port))
+			if len(got) != 1 || got[slot] != 7 {
+				t.Fatalf("marks %v, want slot %d at generation 7", got, slot)
+			}
+		})
+	}
+}
+
+// allow puts a host in the allowlist as the control plane does.
+func allow(t *testing.T, objs *datapath.MoatObjects, a netip.Addr) {
+	t.Helper()
+	var s datapath.MoatRuntimeSettings
+	if err := objs.Settings.Lookup(uint32(0), &s); err != nil {
+		t.Fatal(err)
+	}
+	s.AllowInUse |= uint32(datapath.MoatAllowInUseALLOW_IN_USE_V6)
+	if err := objs.Settings.Put(uint32(0), s); err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.AllowV6Hosts.Put(datapath.MoatHostV6{Addr: a.As16()}, datapath.MoatPrefixRule{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCensusTrust: a SYN whose tuple an established socket owns must reach
+// the kernel, and does whenever the census can say so: the slot is marked,
+// or the census is not to be trusted (no full pass yet, passes stopped, or
+// the port was protected after the last one began). Only a census that is
+// trusted and has no mark for the tuple makes moat skip the socket lookup
+// and answer: that row is the evidence that the census decides, and the
+// reason it must be right.
+func TestCensusTrust(t *testing.T) {
+	objs := setup(t)
+	c := censusTable(t, objs.SynCensus)
+	const cport = 41000
+	client := netip.AddrPortFrom(client4, cport)
+	server := netip.AddrPortFrom(server4, protectedPort)
+	slot := CensusSlot(client, server)
+	owned := synOf(client, server)
+	// A SYN of another tuple first, in the same jiffy: it finds the
+	// listener, which this CPU then remembers for the destination.
+	warm := synOf(netip.AddrPortFrom(client4, cport+1), server)
+	boot := func() uint64 { return bootNow() }
+	fromOfPort := func(from uint32) {
+		st := make([]datapath.MoatSynPortStats, ebpf.MustPossibleCPU())
+		if err := objs.SynCounters.Lookup(uint32(1), &st); err != nil {
+			t.Fatal(err)
+		}
+		for i := range st {
+			st[i].CensusFrom = from
+		}
+		if err := objs.SynCounters.Update(uint32(1), st, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := []struct {
+		name string
+		set  func()
+		want uint32 // XDP_PASS 2, XDP_TX 3
+	}{
+		{"no pass yet", func() { c.Generation, c.Floor, c.ValidUntilNs = 1, 0, boot()+1e12 }, 2},
+		{"slot marked", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 4 }, 2},
+		{"passes stopped", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()-1e9 }, 2},
+		{"port protected since", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; fromOfPort(5) }, 2},
+		{"slot marked before the floor", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 3 }, 3},
+		{"trusted, no mark", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12 }, 3},
+	}
+	got := make([]uint32, len(rows))
+	inScratchNetns(t, func() {
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		for _, a := range []netip.Addr{client4, server4} {
+			if err == nil {
+				err = netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+			}
+		}
+		if err != nil {
+			t.Errorf("addresses on lo: %v", err)
+			return
+		}
+		ln := listen(t, protectedPort)
+		defer ln.Close()
+		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(client)}
+		conn, err := d.Dial("tcp", server.String())
+		if err != nil {
+			t.Errorf("dial: %v", err)
+			return
+		}
+		defer conn.Close()
+		srv, err := ln.Accept()
+		if err != nil {
+			t.Errorf("accept: %v", err)
+			return
+		}
+		defer srv.Close()
+		for i, r := range rows {
+			c.Marks[slot] = 0
+			fromOfPort(0)
+			r.set()
+			// The warm-up and the SYN must fall in one jiffy for the
+			// skip to happen: a few tries. A row that wants XDP_PASS
+			// must get it every time.
+			for try := 0; try < 20; try++ {
+				run(t, objs.MoatFilter, warm)
+				mark := c.Marks[slot]
+				got[i], _ = run(t, objs.MoatFilter, owned)
+				c.Marks[slot] = mark // a passed SYN marks its tuple
+				if got[i] != 2 {
+					break
+				}
+			}
+		}
+	})
+	for i, r := range rows {
+		if got[i] != r.want {
+			t.Errorf("%s: verdict %d, want %d", r.name, got[i], r.want)
+		}
+	}
+}
+
+// TestCensusMarksSockets: a pass in the server's namespace marks the tuple
+// of every socket of a protected port but the listener: established over
+// IPv4, IPv6 and IPv4 to a dual-stack listener, time-wait, and a request
+// socket whose handshake never completes. A socket of an unprotected port
+// is not counted.
+func TestCensusMarksSockets(t *testing.T) {
+	s := newShieldedNoCensus(t, ModeNever)
+	const other = labPort + 1
+	if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, ModeNever, 0); err != nil {
+		t.Fatal(err)
+	}
+	var lns []net.Listener
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	if err := s.lab.Server.Do(func() error {
+		for _, a := range []string{fmt.Sprintf("[::]:%d", labPort), fmt.Sprintf(":%d", other)} {
+			ln, err := lc.Listen(context.Background(), "tcp", a)
+			if err != nil {
+				return err
+			}
+			lns = append(lns, ln)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 8)
+	for _, ln := range lns {
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted <- c
+			}
+		}()
+	}
+	ifc := s.lab.Client.Ifaces[0]
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	dial := func(dst netip.AddrPort) netip.AddrPort {
+		t.Helper()
+		var c net.Conn
+		if err := s.lab.Client.Do(func() (err error) {
+			c, err = net.DialTimeout("tcp", dst.String(), 2*time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		return c.LocalAddr().(*net.TCPAddr).AddrPort()
+	}
+	srv4 := netip.AddrPortFrom(ifc.PeerIPv4, labPort)
+	srv6 := netip.AddrPortFrom(ifc.PeerIPv6, labPort)
+	want := map[string][2]netip.AddrPort{}
+	want["established ipv4"] = [2]netip.AddrPort{dial(srv4), srv4}
+	want["established ipv6"] = [2]netip.AddrPort{dial(srv6), srv6}
+	dial(netip.AddrPortFrom(ifc.PeerIPv4, other)) // not counted
+	for range 3 {
+		conns = append(conns, <-accepted)
+	}
+	// Time-wait: the server closes first.
+	want["time-wait"] = [2]netip.AddrPort{dial(srv4), srv4}
+	(<-accepted).Close()
+	// A request socket: a SYN from a spoofed address whose SYN-ACK the
+	// attacker's side drops, so that no RST ends it.
+	drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}}) // TC_ACT_SHOT
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { drop.Close() })
+	atk := s.lab.Attacker.Ifaces[0]
+	if err := s.lab.Attacker.Do(func() error {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: atk.Index, Program: drop, Attach: ebpf.AttachTCXIngress})
+		if err == nil {
+			t.Cleanup(func() { l.Close() })
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	send := rawSender(t, s.lab.Attacker)
+	ghost := netip.AddrPortFrom(netip.MustParseAddr("198.19.3.3"), 33333)
+	send(testpkt.Frame{SrcMAC: atk.MAC, DstMAC: atk.PeerMAC,
+		Net: testpkt.IPv4{Src: ghost.Addr(), Dst: atk.PeerIPv4},
+		L4:  testpkt.TCP{SrcPort: ghost.Port(), DstPort: labPort, Seq: 1, SYN: true}}.Bytes())
+	want["request"] = [2]netip.AddrPort{ghost, netip.AddrPortFrom(atk.PeerIPv4, labPort)}
+	time.Sleep(200 * time.Millisecond) // the FINs of the time-wait socket, the SYN
+
+	c, err := NewCensus(s.objs.MoatSynCensus, s.objs.SynCensus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	table := censusTable(t, s.objs.SynCensus)
+	table.Marks = [censusSlots]uint32{} // the data path's own marks (none in never mode)
+	var pass CensusPass
+	if err := s.lab.Server.Do(func() (err error) { pass, err = c.Take(time.Second); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if pass.Sockets != uint64(len(want)) {
+		t.Errorf("pass marked %d sockets, want %d (%v)", pass.Sockets, len(want), want)
+	}
+	for name, tuple := range want {
+		if g := table.Marks[CensusSlot(tuple[0], tuple[1])]; g != pass.Generation {
+			t.Errorf("%s %v: slot holds generation %d, want %d", name, tuple, g, pass.Generation)
+		}
+	}
+	st, err := ReadCensus(s.objs.SynCensus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Trusted || st.Passes != 1 {
+		t.Errorf("after one pass: %+v, want one pass and no trust yet", st)
+	}
+	if err := s.lab.Server.Do(func() (err error) { pass, err = c.Take(time.Second); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := ReadCensus(s.objs.SynCensus); !st.Trusted || st.Passes != 2 || st.Generation != pass.Generation {
+		t.Errorf("after two passes: %+v, want trusted", st)
+	}
+}
