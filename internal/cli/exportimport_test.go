@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moat-shield/moat/internal/rules"
 )
@@ -179,5 +180,26 @@ func TestImportPlainNetset(t *testing.T) {
 	}
 	if prefixes(parsed.Deny) != prefixes(rs.Deny) {
 		t.Fatalf("plain export %s, deny list %s", prefixes(parsed.Deny), prefixes(rs.Deny))
+	}
+}
+
+// TestImportLeavesOutExpired: entries whose time passed before the import
+// (an old export restored late) are left out, and the import says so.
+func TestImportLeavesOutExpired(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	file := filepath.Join(t.TempDir(), "rules.json")
+	later := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	os.WriteFile(file, []byte(`{"allow": [], "ports": [], "deny": [
+		{"prefix": "192.0.2.1/32", "expires": "2020-01-01T00:00:00Z"},
+		{"prefix": "192.0.2.2/32", "expires": "`+later+`"},
+		{"prefix": "192.0.2.3/32"}]}`), 0o600)
+	r := moatHere(t, root, "import", file)
+	if !strings.Contains(r.stderr, "note: 1 allow/deny entries expired before the import and are left out") ||
+		!strings.HasPrefix(r.stdout, "imported: 2 allow/deny entries added") {
+		t.Errorf("import said:\n%s%s", r.stdout, r.stderr)
+	}
+	if got := prefixes(listed(t, root).Deny); got != "192.0.2.2/32 192.0.2.3/32" {
+		t.Errorf("deny after the import: %s", got)
 	}
 }

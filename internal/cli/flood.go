@@ -39,7 +39,7 @@ func newFloodCmd() *cobra.Command {
 		kinds[i] = string(k)
 	}
 	cmd := &cobra.Command{
-		Use:   "flood --kind KIND --iface IFACE --dst-mac MAC --dst IP --src CIDR [flags]",
+		Use:   "flood --kind KIND --interface IFACE --dst-mac MAC --dst IP --src CIDR [flags]",
 		Short: "Send a spoofed flood out of a lab veth (a test tool; refuses real interfaces)",
 		Long: "Sends a flood generated in the kernel (XDP live frames) out of IFACE, which must be a veth " +
 			"outside the initial network namespace unless --force. Kinds: " + strings.Join(kinds, ", ") + ". " +
@@ -53,7 +53,7 @@ func newFloodCmd() *cobra.Command {
 				PinCPUs: pin, Background: background, Force: force,
 			}
 			if iface == "" {
-				return usagef("flood: --iface is required")
+				return usagef("flood: --interface is required")
 			}
 			var err error
 			if cfg.DstMAC, err = parseMAC("--dst-mac", dstMAC); err != nil {
@@ -100,7 +100,8 @@ func newFloodCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&kind, "kind", "", "attack: "+strings.Join(kinds, ", "))
-	f.StringVar(&iface, "iface", "", "sending interface (a veth)")
+	f.StringVar(&iface, "interface", "", "sending interface (a veth)")
+	acceptIfaceFlag(cmd)
 	f.StringVar(&nsName, "netns", "", "network namespace of the interface (a name under /var/run/netns)")
 	f.StringVar(&dstMAC, "dst-mac", "", "destination MAC: the peer's address")
 	f.StringVar(&srcMAC, "src-mac", "", "source MAC (default: the interface's)")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net/http"
 	"net/netip"
 	"time"
 
@@ -286,6 +287,21 @@ func newExpireCmd(g *globals) *cobra.Command {
 		Short: "Delete allow and deny entries whose time has passed (the filter already ignores them)",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Under a daemon the timed rules are the daemon's: it removes
+			// them from its state file too.
+			c, err := g.findDaemon(true)
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				var res daemon.ExpireResult
+				if err := c.call(http.MethodPost, "/v1/expire", nil, &res); err != nil {
+					return err
+				}
+				c.via(cmd.ErrOrStderr())
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %d expired entries\n", res.Removed)
+				return nil
+			}
 			s, err := g.openExisting()
 			if err != nil {
 				return err

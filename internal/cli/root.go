@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/moat-shield/moat/internal/shield"
 )
@@ -186,4 +187,15 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// acceptIfaceFlag lets a command's --interface also be given as --iface,
+// the name stats and flood first had (dump and the config say interface).
+func acceptIfaceFlag(cmd *cobra.Command) {
+	cmd.Flags().SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if name == "iface" {
+			name = "interface"
+		}
+		return pflag.NormalizedName(name)
+	})
 }

@@ -178,7 +178,8 @@ func newStatsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (one object per line when watching)")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "print again every INTERVAL with rates (pps, Mbit/s)")
-	cmd.Flags().StringSliceVarP(&ifaceFilter, "iface", "i", nil, "only these interfaces")
+	cmd.Flags().StringSliceVarP(&ifaceFilter, "interface", "i", nil, "only these interfaces")
+	acceptIfaceFlag(cmd)
 	cmd.Flags().BoolVar(&detail, "detail", false, "show the attack shape (sizes, TCP flags and options, ports) and the rate limits instead")
 	return cmd
 }
@@ -273,6 +274,11 @@ func newImportCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return &usageError{err}
 			}
+			// An entry whose time is up would only wait in the maps for
+			// the next expiry run (an old export, restored late).
+			if n := rs.DropExpired(time.Now()); n > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d allow/deny entries expired before the import and are left out\n", n)
+			}
 			s, err := g.open()
 			if err != nil {
 				return err
@@ -334,6 +340,11 @@ func newExportCmd(g *globals) *cobra.Command {
 			}
 			if list != "deny" && list != "allow" {
 				return usagef("invalid --list %q: want deny or allow", list)
+			}
+			// JSON holds both lists; a --list the output would ignore is
+			// a mistake better said than passed over.
+			if cmd.Flags().Changed("list") && format != "plain" {
+				return usagef("--list picks the list of --format plain; JSON holds every list")
 			}
 			s, err := g.openExisting()
 			if err != nil {

@@ -161,7 +161,7 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if gen == 0 {
+			if gen == 0 && m != syncookie.ModeOff {
 				if _, err := syncookie.Rotate(sm.keys, sm.rotation); err != nil {
 					return err
 				}
@@ -170,6 +170,10 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				}
 			}
 			for _, p := range ports {
+				if m == syncookie.ModeOff && !table.Protected(p) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: tcp/%d was not protected\n", p)
+					continue
+				}
 				if err := table.Protect(p, m, threshold); err != nil {
 					return err
 				}

@@ -149,3 +149,33 @@ func TestSynProtectSaysWhatItDid(t *testing.T) {
 		t.Errorf("note on the default threshold (%d kept as %d):\n%s", syncookie.DefaultThreshold, syncookie.StoredThreshold(0), r.stderr)
 	}
 }
+
+// TestSynUnprotectNotProtected: turning off a port that was never
+// protected says so and changes nothing, not even the keys.
+func TestSynUnprotectNotProtected(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	mustRun(t, root, "syn", "protect", "tcp/443", "--mode", "never")
+	status := func() string {
+		var st struct {
+			Rotations uint64                 `json:"key_rotations"`
+			Ports     []syncookie.PortStatus `json:"ports"`
+		}
+		if err := json.Unmarshal([]byte(mustRun(t, root, "syn", "status", "--json").stdout), &st); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%+v", st)
+	}
+	before := status()
+	r := mustRun(t, root, "syn", "protect", "tcp/8443", "--mode", "off")
+	if !strings.Contains(r.stderr, "note: tcp/8443 was not protected") || strings.Contains(r.stdout, "tcp/8443: off") {
+		t.Errorf("unprotecting tcp/8443 said:\n%s%s", r.stdout, r.stderr)
+	}
+	if after := status(); after != before {
+		t.Errorf("syn status changed:\n%s\n->\n%s", before, after)
+	}
+	r = mustRun(t, root, "syn", "protect", "tcp/443", "--mode", "off")
+	if !strings.Contains(r.stdout, "tcp/443: off") || strings.Contains(r.stderr, "was not protected") {
+		t.Errorf("unprotecting tcp/443 said:\n%s%s", r.stdout, r.stderr)
+	}
+}

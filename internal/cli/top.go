@@ -112,7 +112,7 @@ func newTopCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.DurationVar(&interval, "interval", time.Second, "time between reads")
 	f.IntVarP(&n, "n", "n", 10, "sources to show")
-	f.IntVar(&count, "count", 0, "stop after this many intervals (0: run until interrupted)")
+	f.IntVarP(&count, "count", "c", 0, "stop after this many intervals (0: run until interrupted)")
 	f.StringVar(&by, "by", "packets", "order by packets or bytes")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per interval")
 	return cmd

@@ -20,6 +20,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/moat-shield/moat/internal/capture"
 	"github.com/moat-shield/moat/internal/ratelimit"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
@@ -296,7 +297,7 @@ func (c *Config) defaults() {
 		c.Metrics.Address = DefaultMetricsAddr
 	}
 	if c.Capture.MaxSnaplen == 0 {
-		c.Capture.MaxSnaplen = 262144
+		c.Capture.MaxSnaplen = capture.MaxSnaplen
 	}
 	d := &c.Daemon
 	if d.BPFRoot == "" {
@@ -473,8 +474,8 @@ func (c *Config) check(e *errs) {
 			key("metrics.address", "%q is not HOST:PORT (e.g. 127.0.0.1:9477)", c.Metrics.Address)
 		}
 	}
-	if c.Capture.MaxSnaplen > 262144 {
-		key("capture.max_snaplen", "%d is above 262144, the largest snapshot length pcapng readers accept", c.Capture.MaxSnaplen)
+	if c.Capture.MaxSnaplen > capture.MaxSnaplen {
+		key("capture.max_snaplen", "%d is above %d, the most bytes of a packet moat's data path copies", c.Capture.MaxSnaplen, capture.MaxSnaplen)
 	}
 
 	d := c.Daemon

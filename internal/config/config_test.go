@@ -67,6 +67,7 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"duplicate iface", "interfaces:\n  - name: eth0\n  - name: eth0\n", 3, "listed twice"},
 		{"bad policy", "policy:\n  fragments: maybe\n", 2, `invalid policy "maybe"`},
 		{"bad metrics address", "metrics:\n  address: localhost\n", 2, "not HOST:PORT"},
+		{"snaplen above the data path's", "capture:\n  max_snaplen: 262144\n", 2, "capture.max_snaplen: 262144 is above 9216"},
 		{"bad bool", "metrics:\n  enabled: yes please\n", 2, "want true or false"},
 		{"relative state file", "daemon:\n  state_file: state.json\n", 2, "absolute path"},
 		{"root outside bpffs", "daemon:\n  bpffs_root: /tmp/moat\n", 2, "under /sys/fs/bpf"},

@@ -88,6 +88,10 @@ func (d *Daemon) api() http.Handler {
 		d.mu.Unlock()
 		reply(w, CaptureLimits{Enabled: c.On(), MaxSnaplen: c.MaxSnaplen, MaxRate: c.MaxRate}, nil)
 	})
+	mux.HandleFunc("POST /v1/expire", func(w http.ResponseWriter, r *http.Request) {
+		res, err := d.Expire()
+		reply(w, res, err)
+	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, d.Reload(), nil)
 	})

@@ -118,6 +118,10 @@ func Run(ctx context.Context, opts Options) error {
 	}()
 
 	start := time.Now()
+	// A start refused on a host where moat kept no state leaves none: the
+	// maps it pinned on the way go with it.
+	_, statErr := os.Stat(d.root)
+	fresh := errors.Is(statErr, os.ErrNotExist)
 	// A million rules pass through several copies while they are loaded;
 	// collecting more often keeps the peak near the live size.
 	gc := debug.SetGCPercent(loadGCPercent)
@@ -138,6 +142,11 @@ func Run(ctx context.Context, opts Options) error {
 	debug.SetGCPercent(gc)
 	releaseMemory() // the rule lists were only needed to write the maps
 	if err != nil {
+		if fresh {
+			if rmErr := os.RemoveAll(d.root); rmErr != nil {
+				d.log.Error("remove the state of the refused start", "root", d.root, "err", rmErr)
+			}
+		}
 		return err
 	}
 	d.log.Info("ready", "took", time.Since(start).Round(time.Millisecond), "socket", cfg.Daemon.Socket,
@@ -260,6 +269,15 @@ func (d *Daemon) withShield(fn func(*shield.Shield) error) error {
 // says which to delete; reading a million-entry map every few seconds to
 // find them would cost far more.
 func (d *Daemon) expire() {
+	if _, err := d.Expire(); err != nil {
+		d.log.Error("expire timed rules", "err", err)
+	}
+}
+
+// Expire deletes the timed rules whose time has passed now, as the
+// periodic run does, and says how many went (`moat expire` under the
+// daemon).
+func (d *Daemon) Expire() (ExpireResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
@@ -272,7 +290,7 @@ func (d *Daemon) expire() {
 		}
 	}
 	if len(due[0])+len(due[1]) == 0 {
-		return
+		return ExpireResult{}, nil
 	}
 	err := d.withShield(func(s *shield.Shield) error {
 		for l, prefixes := range due {
@@ -293,14 +311,19 @@ func (d *Daemon) expire() {
 		return nil
 	})
 	if err != nil {
-		d.log.Error("expire timed rules", "err", err)
-		return
+		return ExpireResult{}, err
 	}
 	n := d.st.DropExpired(now)
 	if err := state.Save(d.cfg.Daemon.StateFile, d.st); err != nil {
 		d.log.Error("save state", "err", err)
 	}
 	d.log.Info("expired timed rules", "count", n)
+	return ExpireResult{Removed: n}, nil
+}
+
+// ExpireResult is what Expire removed.
+type ExpireResult struct {
+	Removed int `json:"removed"`
 }
 
 // startCensus takes socket census passes (syncookie.Census) every second

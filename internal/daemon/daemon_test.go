@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -66,6 +67,7 @@ type env struct {
 	exited               chan struct{}
 	startWait            time.Duration // how long start waits for the API (default 20s)
 	notifySocket         string        // $NOTIFY_SOCKET for the daemon, if set
+	expireEvery          string        // daemon.expire_every (default 1s)
 }
 
 type syncBuffer struct {
@@ -115,8 +117,12 @@ func newEnv(t *testing.T) *env {
 // appended.
 func (e *env) writeConfig(body string) {
 	e.t.Helper()
-	text := body + fmt.Sprintf("metrics:\n  enabled: false\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n  expire_every: 1s\n  log_level: debug\n",
-		e.root, e.stateFile, e.sock)
+	every := e.expireEvery
+	if every == "" {
+		every = "1s"
+	}
+	text := body + fmt.Sprintf("metrics:\n  enabled: false\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n  expire_every: %s\n  log_level: debug\n",
+		e.root, e.stateFile, e.sock, every)
 	if err := os.WriteFile(e.cfg, []byte(text), 0o600); err != nil {
 		e.t.Fatal(err)
 	}
@@ -976,6 +982,9 @@ func TestSYNPortsNeedTheSysctls(t *testing.T) {
 	if out, errOut, code := checkConfig("--file-only", e.cfg); code != 0 || !strings.Contains(out, "ok:") {
 		t.Errorf("check-config --file-only: exit %d\n%s%s", code, out, errOut)
 	}
+	if _, err := os.Stat(e.root); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused start left %s behind (%v)", e.root, err)
+	}
 	if s, err := shield.Open(e.root); err == nil {
 		atts, _ := s.Attachments()
 		ps, _ := syncookie.ProtectedPorts(s.Map(datapath.MoatMapSynPorts))
@@ -1305,5 +1314,30 @@ func TestDaemonTakesCensus(t *testing.T) {
 	}
 	if out := e.mustMoat("syn", "status").stdout; !strings.Contains(out, "socket census: not current") {
 		t.Errorf("syn status without the daemon:\n%s", out)
+	}
+}
+
+// TestExpireThroughDaemon: `moat expire` under a daemon asks the daemon,
+// which removes the timed rule from the maps and from its state file (the
+// CLI alone would leave the state file holding it).
+func TestExpireThroughDaemon(t *testing.T) {
+	e := newEnv(t)
+	e.expireEvery = "1h" // only the command expires here
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	e.mustMoat("block", "203.0.113.7", "--ttl", "1s")
+	time.Sleep(1200 * time.Millisecond)
+	r := e.mustMoat("expire")
+	if !strings.Contains(r.stdout, "removed 1 expired entries") || !strings.Contains(r.stderr, "via moat daemon") {
+		t.Fatalf("moat expire under the daemon said:\n%s%s", r.stdout, r.stderr)
+	}
+	if out := e.mustMoat("list").stdout; strings.Contains(out, "203.0.113.7") {
+		t.Errorf("the expired entry is still listed:\n%s", out)
+	}
+	if b, err := os.ReadFile(e.stateFile); err != nil || strings.Contains(string(b), "203.0.113.7") {
+		t.Errorf("state file (%v):\n%s", err, b)
+	}
+	if r := e.mustMoat("expire"); !strings.Contains(r.stdout, "removed 0 expired entries") {
+		t.Errorf("a second expire said %q", r.stdout)
 	}
 }

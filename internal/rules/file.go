@@ -27,6 +27,18 @@ type Ruleset struct {
 	Settings *Settings     `json:"settings,omitempty"`
 }
 
+// DropExpired removes the allow and deny entries whose time passed before
+// now and says how many went.
+func (rs *Ruleset) DropExpired(now time.Time) int {
+	n := 0
+	for _, l := range []*[]PrefixEntry{&rs.Allow, &rs.Deny} {
+		before := len(*l)
+		*l = slices.DeleteFunc(*l, func(e PrefixEntry) bool { return e.Expires != nil && !e.Expires.After(now) })
+		n += before - len(*l)
+	}
+	return n
+}
+
 // PrefixEntry is one allow or deny entry.
 type PrefixEntry struct {
 	Prefix  netip.Prefix `json:"prefix"`

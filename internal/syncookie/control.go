@@ -374,6 +374,12 @@ func (t *PortTable) Ports() []uint16 {
 	return out
 }
 
+// Protected says whether a port is protected, in any mode.
+func (t *PortTable) Protected(port uint16) bool {
+	_, ok := t.entries[port]
+	return ok
+}
+
 // Holds says whether port is protected with mode and threshold (0:
 // DefaultThreshold) as Protect would store them, with a counters slot: then
 // protecting it again would only reset its counters and flood state.
