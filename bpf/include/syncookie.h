@@ -431,6 +431,27 @@ static __always_inline int syn_cookie_check(const struct packet *p, const struct
 	return meta;
 }
 
+/* Marks p's tuple if a socket other than a listener owns it (a SYN-ACK to
+ * a connection this host opened). A global function: its tuple is not on
+ * syn_defend's stack, which the SYN path's deepest calls share. */
+__attribute__((noinline)) int syn_mark_connecting(struct xdp_md *ctx, struct packet *p)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 size;
+
+	if (!ctx || !p)
+		return 0;
+	size = syn_tuple(p, &t);
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	if (sk->state != BPF_TCP_LISTEN)
+		syn_mark_packet(p);
+	bpf_sk_release(sk);
+	return 0;
+}
+
 /* Whether this CPU found the listener for p's destination within this
  * jiffy on this device (syn_sock_state keeps it in st). */
 static __always_inline int syn_listener_known(const struct xdp_md *ctx, const struct packet *p,
@@ -1074,6 +1095,15 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	if (!port || port->mode == SYN_MODE_OFF)
 		return SYN_CONTINUE;
 	flags = p->tcp_flags;
+
+	/* A SYN-ACK to a protected port answers a connection this host
+	 * opened from it: the census learns of that socket here, before its
+	 * peer's ACKs meet the ACK filter. Only of a socket that exists: a
+	 * flood of SYN-ACKs (reflected, spoofed) marks nothing. */
+	if ((flags & (TCPF_SYN | TCPF_ACK)) == (TCPF_SYN | TCPF_ACK)) {
+		syn_mark_connecting(ctx, p);
+		return SYN_CONTINUE;
+	}
 
 	if ((flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN) {
 		st = syn_counters_of(port);

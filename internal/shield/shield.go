@@ -13,7 +13,7 @@
 package shield
 
 import (
-	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/syncookie"
 )
 
 // DefaultRoot is where moat pins its state.
@@ -43,8 +44,9 @@ var sharedMaps = []string{
 	datapath.MoatMapDenySummary, datapath.MoatMapDenySummaryState,
 	datapath.MoatMapComments, datapath.MoatMapPortRules,
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
-	datapath.MoatMapSynPorts, datapath.MoatMapSynCounters, datapath.MoatMapSynKeys,
-	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings, datapath.MoatMapSynCensus,
+	// The census before the counters: carrying counters over reads it.
+	datapath.MoatMapSynPorts, datapath.MoatMapSynCensus, datapath.MoatMapSynCounters, datapath.MoatMapSynKeys,
+	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings,
 	datapath.MoatMapRlRules, datapath.MoatMapRlPortScopes, datapath.MoatMapRlClassScopes, datapath.MoatMapRlBudgets, datapath.MoatMapRlSources, datapath.MoatMapRlSketch, datapath.MoatMapRlStats, datapath.MoatMapRlSettings, datapath.MoatMapHhSources, datapath.MoatMapShape, datapath.MoatMapShapePorts, // rate limits (internal/ratelimit)
 	datapath.MoatMapCaptureSettings, datapath.MoatMapCaptureRing, datapath.MoatMapCaptureLost, datapath.MoatMapCaptureSeen, // packet capture (internal/capture)
 }
@@ -242,7 +244,7 @@ func (s *Shield) openMaps() error {
 // another size and that a newer one may take over: openMaps replaces such
 // a map with one of this version's shape and the function carries over
 // what still means the same.
-var resizable = map[string]func(old, cur *ebpf.Map) error{
+var resizable = map[string]func(s *Shield, old, cur *ebpf.Map) error{
 	datapath.MoatMapSynCounters: carrySynCounters,
 }
 
@@ -250,13 +252,13 @@ var resizable = map[string]func(old, cur *ebpf.Map) error{
 // in old's place (a rename: a reader opens one or the other, never
 // neither). Programs attached earlier keep the old map until they are
 // replaced, as `moat attach` and the daemon's start do.
-func (s *Shield) replaceMap(name, path string, old *ebpf.Map, migrate func(old, cur *ebpf.Map) error) (*ebpf.Map, error) {
+func (s *Shield) replaceMap(name, path string, old *ebpf.Map, migrate func(s *Shield, old, cur *ebpf.Map) error) (*ebpf.Map, error) {
 	defer old.Close()
 	m, err := ebpf.NewMap(s.spec.Maps[name])
 	if err != nil {
 		return nil, err
 	}
-	if err := migrate(old, m); err != nil {
+	if err := migrate(s, old, m); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("carry %s over: %w", name, err)
 	}
@@ -277,26 +279,29 @@ func (s *Shield) replaceMap(name, path string, old *ebpf.Map, migrate func(old, 
 // carrySynCounters copies every protected port's counters (per CPU, by
 // slot), which lead struct syn_port_stats in every version; the fields
 // after them are the data path's flood windows and caches, which start
-// afresh.
-func carrySynCounters(old, cur *ebpf.Map) error {
+// afresh, but for census_from: an older value may not hold it, so every
+// slot waits for the next census pass, as a port protected now would.
+func carrySynCounters(s *Shield, old, cur *ebpf.Map) error {
 	n := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.WinStartNs))
 	if int(old.ValueSize()) < n {
 		return fmt.Errorf("values of %d bytes hold no counters of %d", old.ValueSize(), n)
 	}
+	gen, err := syncookie.CensusGeneration(s.maps[datapath.MoatMapSynCensus])
+	if err != nil {
+		return err
+	}
+	from := binary.NativeEndian.AppendUint32(nil, gen+1)
+	fromAt := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.CensusFrom))
 	var in [][]byte
 	for slot := uint32(0); slot < old.MaxEntries(); slot++ {
 		if err := old.Lookup(slot, &in); err != nil {
 			return err
 		}
 		out := make([][]byte, len(in))
-		used := false
 		for cpu, v := range in {
 			out[cpu] = make([]byte, cur.ValueSize())
 			copy(out[cpu], v[:n])
-			used = used || !bytes.Equal(v[:n], make([]byte, n))
-		}
-		if !used {
-			continue
+			copy(out[cpu][fromAt:], from)
 		}
 		if err := cur.Update(slot, out, ebpf.UpdateAny); err != nil {
 			return err

@@ -364,6 +364,13 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 		if per[0].ClockJiffies != 0 || per[0].WinSyns != 0 {
 			t.Errorf("round %d: the old caches came along: %+v", round, per[0])
 		}
+		// The old value says nothing of the census: the port waits for
+		// the first pass after the upgrade (generation 0 + 1 here).
+		for cpu := range per {
+			if per[cpu].CensusFrom != 1 {
+				t.Errorf("round %d: cpu %d census_from %d, want 1", round, cpu, per[cpu].CensusFrom)
+			}
+		}
 		if s.SynOlderFilter != a {
 			t.Errorf("round %d: older filter %q, want %s, which still counts in the old map", round, s.SynOlderFilter, a)
 		}

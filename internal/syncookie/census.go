@@ -100,8 +100,13 @@ func readCensus(m *ebpf.Map) (*datapath.MoatSynCensusTable, error) {
 }
 
 // CensusGeneration reads the generation of the census pass under way (or
-// last taken).
+// last taken): from the mapped header where the map may be mapped (a
+// writable handle), else from a copy of the value.
 func CensusGeneration(m *ebpf.Map) (uint32, error) {
+	if h, err := mapCensusHeader(m); err == nil {
+		defer h.close()
+		return atomic.LoadUint32(h.gen), nil
+	}
 	t, err := readCensus(m)
 	if err != nil {
 		return 0, err
@@ -126,9 +131,10 @@ func NewCensus(prog *ebpf.Program, m *ebpf.Map) (*Census, error) {
 	return &Census{it: it, hdr: hdr}, nil
 }
 
-// Close detaches the iterator. The census stays trusted for the validity of
-// the last pass, then the data path looks every socket up again.
+// Close detaches the iterator and ends the trust in the last pass at once:
+// no pass follows it, and the data path looks every socket up again.
 func (c *Census) Close() error {
+	atomic.StoreUint64(c.hdr.validUntil, 0)
 	c.hdr.close()
 	return c.it.Close()
 }

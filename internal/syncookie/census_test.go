@@ -358,3 +358,67 @@ func TestCensusMarksSockets(t *testing.T) {
 		t.Errorf("after two passes: %+v, want trusted", st)
 	}
 }
+
+// TestCensusMarksOutgoingConnection: a SYN-ACK to a protected port marks
+// its tuple when the host opened that connection from the port (a socket
+// in SYN-SENT owns it), so the peer's ACKs that follow are not taken for
+// the listener's; a SYN-ACK no socket owns (reflected, spoofed) marks
+// nothing.
+func TestCensusMarksOutgoingConnection(t *testing.T) {
+	objs := setup(t)
+	c := censusTable(t, objs.SynCensus)
+	c.Generation = 3
+	local := netip.MustParseAddrPort("198.51.100.1:80")
+	peer := netip.MustParseAddrPort("198.51.100.9:40123")
+	stranger := netip.MustParseAddrPort("198.51.100.9:40124")
+	synack := func(from netip.AddrPort) []byte {
+		return testpkt.Frame{Net: testpkt.IPv4{Src: from.Addr(), Dst: local.Addr()},
+			L4: testpkt.TCP{SrcPort: from.Port(), DstPort: local.Port(), Seq: 1, Ack: 2, SYN: true, ACK: true}}.Bytes()
+	}
+	var rets [2]uint32
+	inScratchNetns(t, func() {
+		// The peer's address is on no device: nothing answers the SYN
+		// (not even ARP), so the socket stays in SYN-SENT. Both ends of
+		// the veth pair are in this namespace.
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "census0"}, PeerName: "census1"}
+		err := netlink.LinkAdd(veth)
+		if err == nil {
+			err = netlink.AddrAdd(veth, &netlink.Addr{IPNet: &net.IPNet{IP: local.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}})
+		}
+		if err == nil {
+			err = netlink.LinkSetUp(veth)
+		}
+		if peerLink, lerr := netlink.LinkByName("census1"); err == nil && lerr == nil {
+			err = netlink.LinkSetUp(peerLink)
+		}
+		if err != nil {
+			t.Errorf("veth pair: %v", err)
+			return
+		}
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK, 0)
+		if err != nil {
+			t.Errorf("socket: %v", err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: int(local.Port()), Addr: local.Addr().As4()}); err != nil {
+			t.Errorf("bind: %v", err)
+			return
+		}
+		if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(peer.Port()), Addr: peer.Addr().As4()}); err != unix.EINPROGRESS {
+			t.Errorf("connect: %v, want EINPROGRESS", err)
+			return
+		}
+		rets[0], _ = run(t, objs.MoatFilter, synack(stranger))
+		rets[1], _ = run(t, objs.MoatFilter, synack(peer))
+	})
+	if rets != [2]uint32{2, 2} {
+		t.Fatalf("verdicts %v, want XDP_PASS for both SYN-ACKs", rets)
+	}
+	if g := c.Marks[CensusSlot(stranger, local)]; g != 0 {
+		t.Errorf("a SYN-ACK no socket owns marked its slot (%d)", g)
+	}
+	if g := c.Marks[CensusSlot(peer, local)]; g != 3 {
+		t.Errorf("the SYN-ACK of the host's connection: slot holds %d, want generation 3", g)
+	}
+}
