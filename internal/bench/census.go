@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"errors"
 	"sync"
 
@@ -12,43 +11,32 @@ import (
 // censusRunner takes socket census passes in a lab host's namespace, as
 // the daemon takes them in its own, while a moat contender is attached.
 type censusRunner struct {
-	c      *syncookie.Census
-	cancel context.CancelFunc
-	done   sync.WaitGroup
-	mu     sync.Mutex
-	err    error
+	c   *syncookie.Census
+	end func()
+	mu  sync.Mutex
+	err error
 }
 
-// startCensus takes a first pass before it returns, so that a measurement
-// never starts on a census the data path cannot trust yet (the first pass
-// leaves it untrusted: two are needed), and goes on in the background.
+// startCensus returns once the census is trusted, so that no measurement
+// starts on the lookup path, and goes on in the background.
 func startCensus(h *lab.Host, c *syncookie.Census) (*censusRunner, error) {
-	every := syncookie.DefaultCensusEvery
-	in := func(f func() error) error { return h.Do(f) }
-	for i := 0; i < 2; i++ {
-		if err := in(func() error { _, err := c.Take(every); return err }); err != nil {
-			c.Close()
-			return nil, err
-		}
+	r := &censusRunner{c: c}
+	stop, err := c.Start(syncookie.DefaultCensusEvery, h.Do, func(_ syncookie.CensusPass, err error) {
+		r.mu.Lock()
+		r.err = errors.Join(r.err, err)
+		r.mu.Unlock()
+	})
+	if err != nil {
+		c.Close()
+		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &censusRunner{c: c, cancel: cancel}
-	r.done.Add(1)
-	go func() {
-		defer r.done.Done()
-		c.Run(ctx, every, in, func(_ syncookie.CensusPass, err error) {
-			r.mu.Lock()
-			r.err = errors.Join(r.err, err)
-			r.mu.Unlock()
-		})
-	}()
+	r.end = stop
 	return r, nil
 }
 
 // stop ends the passes and reports any that failed.
 func (r *censusRunner) stop() error {
-	r.cancel()
-	r.done.Wait()
+	r.end()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return errors.Join(r.err, r.c.Close())

@@ -35,6 +35,7 @@ import (
 
 	"github.com/moat-shield/moat/internal/config"
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/netnsrun"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/state"
 	"github.com/moat-shield/moat/internal/syncookie"
@@ -335,9 +336,9 @@ type ExpireResult struct {
 // and again when passes work again; meanwhile the data path stops
 // trusting the census and looks every socket up, as without it.
 func (d *Daemon) startCensus() (func(), error) {
-	in, closeNS, err := inThisNamespace()
+	target, err := netns.Get()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("network namespace: %w", err)
 	}
 	var c *syncookie.Census
 	err = d.withShield(func(s *shield.Shield) (err error) {
@@ -345,62 +346,32 @@ func (d *Daemon) startCensus() (func(), error) {
 		return err
 	})
 	if err != nil {
-		closeNS()
+		target.Close()
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var failing bool
-		c.Run(ctx, syncookie.DefaultCensusEvery, in, func(p syncookie.CensusPass, err error) {
-			switch {
-			case err != nil && !failing:
-				d.log.Error("socket census", "err", err)
-			case err == nil && failing:
-				d.log.Info("socket census works again", "sockets", p.Sockets)
-			}
-			failing = err != nil
-		})
-	}()
-	return func() {
-		cancel()
-		<-done
-		c.Close()
-		closeNS()
-	}, nil
-}
-
-// inThisNamespace returns a runner of functions in the network namespace
-// of the calling thread, that of the interfaces the daemon attached to,
-// whichever thread later runs them (a goroutine's may be in another).
-func inThisNamespace() (in func(func() error) error, closeNS func(), err error) {
-	target, err := netns.Get()
+	// Passes count the namespace of the interfaces the daemon attached,
+	// this thread's, whichever thread takes them.
+	in := func(f func() error) error { return netnsrun.In(target, f) }
+	var failing bool
+	stop, err := c.Start(syncookie.DefaultCensusEvery, in, func(p syncookie.CensusPass, err error) {
+		switch {
+		case err != nil && !failing:
+			d.log.Error("socket census", "err", err)
+		case err == nil && failing:
+			d.log.Info("socket census works again", "sockets", p.Sockets)
+		}
+		failing = err != nil
+	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("network namespace: %w", err)
+		c.Close()
+		target.Close()
+		return nil, err
 	}
-	in = func(f func() error) error {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			return err
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			return err
-		}
-		defer func() {
-			// A thread that cannot go back stays locked: the runtime
-			// then ends it with its goroutine.
-			if netns.Set(orig) == nil {
-				runtime.UnlockOSThread()
-			}
-		}()
-		return f()
-	}
-	return in, func() { target.Close() }, nil
+	return func() {
+		stop()
+		c.Close()
+		target.Close()
+	}, nil
 }
 
 // rotate installs a new SYN cookie key; cookies of the previous key stay

@@ -46,6 +46,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/netnsrun"
 )
 
 // ErrUnsupported is wrapped by New's error when the kernel lacks network
@@ -324,28 +326,7 @@ func (h *Host) Do(fn func() error) error {
 	}
 	target = netns.NsHandle(fd)
 	defer target.Close()
-
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("lab: current namespace: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("lab: enter %s: %w", h.Name, err)
-	}
-	// Deferred so that a panic or t.FailNow inside fn still restores the
-	// thread. If restoring fails the thread stays locked, and the runtime
-	// destroys it when the goroutine exits rather than reuse it in the wrong
-	// namespace.
-	defer func() {
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return fn()
+	return netnsrun.In(target, fn)
 }
 
 // Command prepares (does not start) name with args in h's network namespace

@@ -194,6 +194,38 @@ func (c *Census) Run(ctx context.Context, every time.Duration, in func(func() er
 	}
 }
 
+// Start takes two passes at once, so that the census is trusted when it
+// returns (the first pass alone leaves it untrusted), then one every
+// `every` in the background until stop is called; in and report as for
+// Run. stop waits for the pass under way; it does not Close c.
+func (c *Census) Start(every time.Duration, in func(func() error) error, report func(CensusPass, error)) (stop func(), err error) {
+	if in == nil {
+		in = func(f func() error) error { return f() }
+	}
+	for range 2 {
+		if err := in(func() error { _, err := c.Take(every); return err }); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTimer(every)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.Run(ctx, every, in, report)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}, nil
+}
+
 // CensusStatus is the census as the data path sees it.
 type CensusStatus struct {
 	Generation uint32 `json:"generation"`

@@ -45,24 +45,17 @@ func newShielded(t *testing.T, mode Mode) *shielded {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
-		if err := s.lab.Server.Do(func() error { _, err := c.Take(time.Second); return err }); err != nil {
-			t.Fatal(err)
+	stop, err := c.Start(time.Second, s.lab.Server.Do, func(_ CensusPass, err error) {
+		if err != nil {
+			t.Errorf("census pass: %v", err)
 		}
+	})
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c.Run(ctx, time.Second, s.lab.Server.Do, func(_ CensusPass, err error) {
-			if err != nil && ctx.Err() == nil {
-				t.Errorf("census pass: %v", err)
-			}
-		})
-	}()
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		stop()
 		c.Close()
 	})
 	return s
