@@ -132,12 +132,14 @@ func allow(t *testing.T, objs *datapath.MoatObjects, a netip.Addr) {
 }
 
 // TestCensusTrust: a SYN whose tuple an established socket owns must reach
-// the kernel, and does whenever the census can say so: the slot is marked,
-// or the census is not to be trusted (no full pass yet, passes stopped, or
-// the port was protected after the last one began). Only a census that is
-// trusted and has no mark for the tuple makes moat skip the socket lookup
-// and answer: that row is the evidence that the census decides, and the
-// reason it must be right.
+// the kernel, and so must that connection's pure ACKs in cookie mode; both
+// do whenever the census can say so: the slot is marked, or the census is
+// not to be trusted (no full pass yet, passes stopped, or the port was
+// protected after the last one began). Only a census that is trusted and
+// has no mark for the tuple makes moat skip the socket lookup, answer the
+// SYN and take the ACK for one to the listener (dropped: no cookie): those
+// rows are the evidence that the census decides, and the reason it must be
+// right.
 func TestCensusTrust(t *testing.T) {
 	objs := setup(t)
 	c := censusTable(t, objs.SynCensus)
@@ -146,6 +148,8 @@ func TestCensusTrust(t *testing.T) {
 	server := netip.AddrPortFrom(server4, protectedPort)
 	slot := CensusSlot(client, server)
 	owned := synOf(client, server)
+	ownedACK := testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4},
+		L4: testpkt.TCP{SrcPort: cport, DstPort: protectedPort, Seq: 12345, Ack: 67890, ACK: true}}.Bytes()
 	// A SYN of another tuple first, in the same jiffy: it finds the
 	// listener, which this CPU then remembers for the destination.
 	warm := synOf(netip.AddrPortFrom(client4, cport+1), server)
@@ -165,16 +169,17 @@ func TestCensusTrust(t *testing.T) {
 	rows := []struct {
 		name string
 		set  func()
-		want uint32 // XDP_PASS 2, XDP_TX 3
+		syn  uint32 // XDP_PASS 2, XDP_TX 3
+		ack  uint32 // XDP_DROP 1, XDP_PASS 2
 	}{
-		{"no pass yet", func() { c.Generation, c.Floor, c.ValidUntilNs = 1, 0, boot()+1e12 }, 2},
-		{"slot marked", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 4 }, 2},
-		{"passes stopped", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()-1e9 }, 2},
-		{"port protected since", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; fromOfPort(5) }, 2},
-		{"slot marked before the floor", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 3 }, 3},
-		{"trusted, no mark", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12 }, 3},
+		{"no pass yet", func() { c.Generation, c.Floor, c.ValidUntilNs = 1, 0, boot()+1e12 }, 2, 2},
+		{"slot marked", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 4 }, 2, 2},
+		{"passes stopped", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()-1e9 }, 2, 2},
+		{"port protected since", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; fromOfPort(5) }, 2, 2},
+		{"slot marked before the floor", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 3 }, 3, 1},
+		{"trusted, no mark", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12 }, 3, 1},
 	}
-	got := make([]uint32, len(rows))
+	got := make([][2]uint32, len(rows))
 	inScratchNetns(t, func() {
 		lo, err := netlink.LinkByName("lo")
 		if err == nil {
@@ -211,20 +216,22 @@ func TestCensusTrust(t *testing.T) {
 			// The warm-up and the SYN must fall in one jiffy for the
 			// skip to happen: a few tries. A row that wants XDP_PASS
 			// must get it every time.
-			for try := 0; try < 20; try++ {
-				run(t, objs.MoatFilter, warm)
-				mark := c.Marks[slot]
-				got[i], _ = run(t, objs.MoatFilter, owned)
-				c.Marks[slot] = mark // a passed SYN marks its tuple
-				if got[i] != 2 {
-					break
+			for j, frame := range [][]byte{owned, ownedACK} {
+				for try := 0; try < 20; try++ {
+					run(t, objs.MoatFilter, warm)
+					mark := c.Marks[slot]
+					got[i][j], _ = run(t, objs.MoatFilter, frame)
+					c.Marks[slot] = mark // a passed SYN marks its tuple
+					if got[i][j] != 2 {
+						break
+					}
 				}
 			}
 		}
 	})
 	for i, r := range rows {
-		if got[i] != r.want {
-			t.Errorf("%s: verdict %d, want %d", r.name, got[i], r.want)
+		if got[i] != [2]uint32{r.syn, r.ack} {
+			t.Errorf("%s: verdicts %d for the SYN and %d for the ACK, want %d and %d", r.name, got[i][0], got[i][1], r.syn, r.ack)
 		}
 	}
 }
