@@ -69,7 +69,7 @@ func newRoot(t testing.TB) string {
 		}
 		// shield.Open keeps a lock file per root in /run; the random base
 		// name makes the pattern match this test's file only.
-		locks, _ := filepath.Glob("/run/moat-*" + base + ".lock")
+		locks, _ := filepath.Glob("/run/moat-*" + base + "*.lock")
 		for _, l := range locks {
 			os.Remove(l)
 		}

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"slices"
@@ -289,7 +290,7 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 					"SYNs and ACKs whose tuple no socket owns skip the socket lookup\n", census.Passes, census.Sockets)
 			} else {
 				fmt.Fprintf(out, "socket census: not current (%d passes); every SYN and ACK of a protected port pays a socket lookup. "+
-					"The daemon takes a pass every %s\n", census.Passes, syncookie.DefaultCensusEvery)
+					"The daemon (or `moat syn rotate --every`) takes a pass every %s\n", census.Passes, syncookie.DefaultCensusEvery)
 			}
 			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tSYNS PASSED\tACCEPT ERRORS")
@@ -324,7 +325,7 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 	var every time.Duration
 	cmd := &cobra.Command{
 		Use:   "rotate [--every DURATION]",
-		Short: "Install a new cookie key (cookies stay valid for one more rotation); with --every, keep rotating",
+		Short: "Install a new cookie key (cookies stay valid for one more rotation); with --every, keep rotating and keep the socket census current, as the daemon does",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("every") && every < time.Second {
@@ -374,6 +375,14 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 			if err := rotate(); err != nil || every == 0 {
 				return err
 			}
+			// A rotator stands in for the daemon: it keeps the socket
+			// census current too, without which every SYN and ACK pays a
+			// socket lookup.
+			if stop, err := startCensus(g, cmd.ErrOrStderr()); err != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: socket census: %v; every SYN and ACK of a protected port pays a socket lookup\n", err)
+			} else {
+				defer stop()
+			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sig)
@@ -405,4 +414,22 @@ func checkSlots(table *syncookie.PortTable, ports []uint16) error {
 		return err
 	}
 	return nil
+}
+
+// startCensus keeps the socket census current in this process's network
+// namespace until the returned function is called; failed passes are
+// reported on errOut.
+func startCensus(g *globals, errOut io.Writer) (stop func(), err error) {
+	s, err := g.open()
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return s.StartCensus(func(_ syncookie.CensusPass, err error) {
+		if err != nil {
+			fmt.Fprintf(errOut, "warning: socket census: %v\n", err)
+		} else {
+			fmt.Fprintln(errOut, "note: socket census works again")
+		}
+	})
 }

@@ -91,32 +91,43 @@ func TestRotatorLeavesTheStateUnlocked(t *testing.T) {
 	}
 	go io.Copy(io.Discard, out)
 
-	rotations := func() uint64 {
+	type status struct {
+		syncookie.KeyStatus
+		Census syncookie.CensusStatus `json:"socket_census"`
+	}
+	read := func() status {
 		t.Helper()
 		res := make(chan result, 1)
 		go func() { res <- runMain(root, "syn", "status", "--json") }()
 		select {
 		case r := <-res:
-			var st syncookie.KeyStatus // the key fields are at the top
+			var st status
 			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil {
 				t.Fatalf("syn status beside the rotator: %v", r)
 			}
-			return st.Rotations
+			return st
 		case <-time.After(5 * time.Second):
 			t.Fatal("syn status waited 5s for the state the rotator holds")
 		}
-		return 0
+		return status{}
 	}
-	start := rotations()
-	for deadline := time.Now().Add(10 * time.Second); rotations() < start+2; {
+	start := read()
+	for deadline := time.Now().Add(10 * time.Second); read().Rotations < start.Rotations+2; {
 		if time.Now().After(deadline) {
-			t.Fatalf("rotations went from %d to %d in 10s with --every 1s", start, rotations())
+			t.Fatalf("rotations went from %d to %d in 10s with --every 1s", start.Rotations, read().Rotations)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// The rotator keeps the socket census current, as the daemon would.
+	if st := read(); !st.Census.Trusted || st.Census.Passes < 2 {
+		t.Errorf("census beside the rotator: %+v, want current", st.Census)
 	}
 	rotator.Process.Signal(syscall.SIGTERM)
 	if err := <-done; err != nil {
 		t.Errorf("the rotator exited with %v on SIGTERM", err)
+	}
+	if st := read(); st.Census.Trusted {
+		t.Errorf("census after the rotator stopped: %+v, want out of date", st.Census)
 	}
 	done <- nil // for the cleanup
 }

@@ -30,12 +30,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/config"
 	"github.com/moat-shield/moat/internal/datapath"
-	"github.com/moat-shield/moat/internal/netnsrun"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/state"
 	"github.com/moat-shield/moat/internal/syncookie"
@@ -335,43 +333,18 @@ type ExpireResult struct {
 // socket lookup for tuples no socket owns. A failed pass is logged once,
 // and again when passes work again; meanwhile the data path stops
 // trusting the census and looks every socket up, as without it.
-func (d *Daemon) startCensus() (func(), error) {
-	target, err := netns.Get()
-	if err != nil {
-		return nil, fmt.Errorf("network namespace: %w", err)
-	}
-	var c *syncookie.Census
+func (d *Daemon) startCensus() (stop func(), err error) {
 	err = d.withShield(func(s *shield.Shield) (err error) {
-		c, err = s.NewCensus()
+		stop, err = s.StartCensus(func(p syncookie.CensusPass, err error) {
+			if err != nil {
+				d.log.Error("socket census", "err", err)
+			} else {
+				d.log.Info("socket census works again", "sockets", p.Sockets)
+			}
+		})
 		return err
 	})
-	if err != nil {
-		target.Close()
-		return nil, err
-	}
-	// Passes count the namespace of the interfaces the daemon attached,
-	// this thread's, whichever thread takes them.
-	in := func(f func() error) error { return netnsrun.In(target, f) }
-	var failing bool
-	stop, err := c.Start(syncookie.DefaultCensusEvery, in, func(p syncookie.CensusPass, err error) {
-		switch {
-		case err != nil && !failing:
-			d.log.Error("socket census", "err", err)
-		case err == nil && failing:
-			d.log.Info("socket census works again", "sockets", p.Sockets)
-		}
-		failing = err != nil
-	})
-	if err != nil {
-		c.Close()
-		target.Close()
-		return nil, err
-	}
-	return func() {
-		stop()
-		c.Close()
-		target.Close()
-	}, nil
+	return stop, err
 }
 
 // rotate installs a new SYN cookie key; cookies of the previous key stay

@@ -105,7 +105,7 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(func() {
 		e.stop(syscall.SIGTERM)
 		os.RemoveAll(e.root)
-		locks, _ := filepath.Glob("/run/moat-*" + base + ".lock")
+		locks, _ := filepath.Glob("/run/moat-*" + base + "*.lock")
 		for _, l := range locks {
 			os.Remove(l)
 		}

@@ -57,7 +57,7 @@ func freshRoot(t testing.TB) string {
 		if err := os.RemoveAll(root); err != nil {
 			t.Errorf("remove %s: %v", root, err)
 		}
-		locks, _ := filepath.Glob("/run/moat-*" + base + ".lock")
+		locks, _ := filepath.Glob("/run/moat-*" + base + "*.lock")
 		for _, l := range locks {
 			os.Remove(l)
 		}

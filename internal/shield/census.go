@@ -1,11 +1,16 @@
 package shield
 
 import (
+	"errors"
 	"fmt"
+	"os"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/netnsrun"
 	"github.com/moat-shield/moat/internal/syncookie"
 )
 
@@ -29,4 +34,50 @@ func (s *Shield) NewCensus() (*syncookie.Census, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// StartCensus keeps the socket census current, as the daemon does: it
+// loads the census, takes two passes at once and then one every second in
+// the network namespace of the calling thread (the interfaces'), whichever
+// thread takes them, until stop. The census outlives s. report hears when
+// passes start failing and when they work again (syncookie.Census.Run).
+//
+// Passes from two processes would step on each other's generations, so
+// one process at a time takes them: a lock file of the root says which.
+func (s *Shield) StartCensus(report func(syncookie.CensusPass, error)) (stop func(), err error) {
+	lock, err := os.OpenFile(s.lockPath(".census"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock the socket census: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, userErrorf("another process (a daemon, `moat syn rotate --every`) takes the socket census of %s", s.root)
+		}
+		return nil, fmt.Errorf("lock the socket census: %w", err)
+	}
+	target, err := netns.Get()
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("network namespace: %w", err)
+	}
+	c, err := s.NewCensus()
+	if err != nil {
+		target.Close()
+		lock.Close()
+		return nil, err
+	}
+	end, err := c.Start(syncookie.DefaultCensusEvery, func(f func() error) error { return netnsrun.In(target, f) }, report)
+	if err != nil {
+		c.Close()
+		target.Close()
+		lock.Close()
+		return nil, err
+	}
+	return func() {
+		end()
+		c.Close()
+		target.Close()
+		lock.Close()
+	}, nil
 }

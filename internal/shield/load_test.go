@@ -44,7 +44,7 @@ func openFresh(tb testing.TB) *shield.Shield {
 		if err := os.RemoveAll(root); err != nil {
 			tb.Errorf("remove %s: %v", root, err)
 		}
-		locks, _ := filepath.Glob("/run/moat-*" + base + ".lock")
+		locks, _ := filepath.Glob("/run/moat-*" + base + "*.lock")
 		for _, l := range locks {
 			os.Remove(l)
 		}

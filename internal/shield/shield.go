@@ -157,14 +157,7 @@ func ensureBPFFS(dir string) error {
 // lockRoot serialises writers. The lock file lives in /run, not on bpffs,
 // so that it never appears among the pins.
 func (s *Shield) lockRoot() error {
-	name := "/run/moat-" + filepath.Base(s.root) + ".lock"
-	// os.Stat's Sys() is a *syscall.Stat_t, never a *unix.Stat_t, so ask
-	// unix directly.
-	var st unix.Stat_t
-	if err := unix.Stat(filepath.Dir(s.root), &st); err == nil {
-		name = fmt.Sprintf("/run/moat-%d-%s.lock", st.Ino, filepath.Base(s.root))
-	}
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(s.lockPath(""), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("lock moat state: %w", err)
 	}
@@ -174,6 +167,19 @@ func (s *Shield) lockRoot() error {
 	}
 	s.lock = f
 	return nil
+}
+
+// lockPath is the name of a lock file of the root, with what (say
+// ".census") telling one lock from another.
+func (s *Shield) lockPath(what string) string {
+	name := "/run/moat-" + filepath.Base(s.root) + what + ".lock"
+	// os.Stat's Sys() is a *syscall.Stat_t, never a *unix.Stat_t, so ask
+	// unix directly.
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Dir(s.root), &st); err == nil {
+		name = fmt.Sprintf("/run/moat-%d-%s%s.lock", st.Ino, filepath.Base(s.root), what)
+	}
+	return name
 }
 
 func (s *Shield) mapsDir() string { return filepath.Join(s.root, "maps") }

@@ -173,19 +173,23 @@ func (c *Census) Take(every time.Duration) (CensusPass, error) {
 
 // Run takes a pass every `every` until ctx ends. in runs each pass (nil:
 // on the calling goroutine's thread), so that a caller can take it in a
-// network namespace of its choice; report, unless nil, hears of each.
+// network namespace of its choice. report, unless nil, hears of changes:
+// the first pass that fails (with its error), and the first that works
+// after failures (with a nil error).
 func (c *Census) Run(ctx context.Context, every time.Duration, in func(func() error) error, report func(CensusPass, error)) {
 	if in == nil {
 		in = func(f func() error) error { return f() }
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	failing := false
 	for {
 		var p CensusPass
 		err := in(func() (err error) { p, err = c.Take(every); return err })
-		if report != nil {
+		if report != nil && (err != nil) != failing {
 			report(p, err)
 		}
+		failing = err != nil
 		select {
 		case <-ctx.Done():
 			return
