@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -306,6 +307,10 @@ func TestCensusMarksSockets(t *testing.T) {
 	// Time-wait: the server closes first.
 	want["time-wait"] = [2]netip.AddrPort{dial(srv4), srv4}
 	(<-accepted).Close()
+	conns[len(conns)-1].Close() // the client's FIN: the server's socket is in TIME_WAIT
+	if !s.timeWaitOn(t, labPort) {
+		t.Fatal("no time-wait socket on the server")
+	}
 	// A request socket: a SYN from a spoofed address whose SYN-ACK the
 	// attacker's side drops, so that no RST ends it.
 	drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
@@ -428,4 +433,36 @@ func TestCensusMarksOutgoingConnection(t *testing.T) {
 	if g := c.Marks[CensusSlot(peer, local)]; g != 3 {
 		t.Errorf("the SYN-ACK of the host's connection: slot holds %d, want generation 3", g)
 	}
+}
+
+// timeWaitOn says whether a TIME_WAIT socket of local port port appears in
+// the server's namespace within a second (/proc/net/tcp and tcp6, the
+// dual-stack listener's sockets among them, state 06).
+func (s *shielded) timeWaitOn(t *testing.T, port uint16) bool {
+	t.Helper()
+	want := fmt.Sprintf(":%04X ", port)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var found bool
+		if err := s.lab.Server.Do(func() error {
+			for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+				b, err := os.ReadFile(table)
+				if err != nil {
+					return err
+				}
+				for _, line := range strings.Split(string(b), "\n")[1:] {
+					f := strings.Fields(line)
+					if len(f) > 3 && strings.HasSuffix(f[1]+" ", want) && f[3] == "06" {
+						found = true
+					}
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			return true
+		}
+	}
+	return false
 }
