@@ -30,15 +30,14 @@ import (
 // as before; a stale census is never trusted.
 
 // DefaultCensusEvery is how often the daemon takes a census pass. It bounds
-// how long a socket the data path cannot see being born (one the server
-// opens from a protected port, or whose SYN came in through an interface
-// without moat) goes unmarked.
+// how long a socket the data path cannot see being born (one whose SYN came
+// in through an interface without moat) goes unmarked.
 const DefaultCensusEvery = time.Second
 
-// CensusValidity is how long a pass stays trusted when no next one comes:
+// censusValidity is how long a pass stays trusted when no next one comes:
 // a few missed passes (a busy machine, a slow pass) keep the fast path,
 // a dead control plane loses it.
-func CensusValidity(every time.Duration) time.Duration {
+func censusValidity(every time.Duration) time.Duration {
 	return max(5*every, 5*time.Second)
 }
 
@@ -72,7 +71,7 @@ func mapCensusHeader(m *ebpf.Map) (*censusHeader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("map the census: %w", err)
 	}
-	var t datapath.MoatSynCensusTable
+	var t *datapath.MoatSynCensusTable // for field offsets only
 	at := func(off uintptr) unsafe.Pointer { return unsafe.Pointer(&mem[off]) }
 	return &censusHeader{
 		mem:        mem,
@@ -165,7 +164,7 @@ func (c *Census) Take(every time.Duration) (CensusPass, error) {
 			return CensusPass{}, fmt.Errorf("socket census: %w", err)
 		}
 	}
-	atomic.StoreUint64(c.hdr.validUntil, bootNow()+uint64(CensusValidity(every)))
+	atomic.StoreUint64(c.hdr.validUntil, bootNow()+uint64(censusValidity(every)))
 	atomic.StoreUint32(c.hdr.floor, gen-1)
 	atomic.AddUint64(c.hdr.passes, 1)
 	return CensusPass{Generation: gen, Sockets: atomic.LoadUint64(c.hdr.sockets), Took: time.Since(start)}, nil
