@@ -436,15 +436,17 @@ func TestCensusMarksOutgoingConnection(t *testing.T) {
 }
 
 // timeWaitOn says whether a TIME_WAIT socket of local port port appears in
-// the server's namespace within a second (/proc/net/tcp and tcp6, the
-// dual-stack listener's sockets among them, state 06).
+// the server's namespace within a second (tcp and tcp6, the dual-stack
+// listener's sockets among them, state 06). /proc/thread-self: /proc/net
+// shows the namespace of the process's first thread, which an earlier test
+// may have left in a scratch one.
 func (s *shielded) timeWaitOn(t *testing.T, port uint16) bool {
 	t.Helper()
 	want := fmt.Sprintf(":%04X ", port)
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		var found bool
 		if err := s.lab.Server.Do(func() error {
-			for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+			for _, table := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
 				b, err := os.ReadFile(table)
 				if err != nil {
 					return err
