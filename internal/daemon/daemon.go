@@ -330,9 +330,10 @@ type ExpireResult struct {
 
 // startCensus takes socket census passes (syncookie.Census) every second
 // until the returned function is called: they let the SYN path skip the
-// socket lookup for tuples no socket owns. A failed pass is logged once,
-// and again when passes work again; meanwhile the data path stops
-// trusting the census and looks every socket up, as without it.
+// socket lookup for tuples no socket owns. The first failed pass is
+// logged, and so is the first that works after failures; 5 s after the
+// last good pass the data path stops trusting the census and looks every
+// socket up, as without it.
 func (d *Daemon) startCensus() (stop func(), err error) {
 	err = d.withShield(func(s *shield.Shield) (err error) {
 		stop, err = s.StartCensus(func(p syncookie.CensusPass, err error) {
