@@ -40,7 +40,7 @@ func (s *Shield) NewCensus() (*syncookie.Census, error) {
 // loads the census, takes two passes at once and then one every second in
 // the network namespace of the calling thread (the interfaces'), whichever
 // thread takes them, until stop. The census outlives s. report hears when
-// passes start failing and when they work again (syncookie.Census.Run).
+// passes start failing and when they work again (syncookie.Census.Start).
 //
 // Passes from two processes would step on each other's generations, so
 // one process at a time takes them: a lock file of the root says which.

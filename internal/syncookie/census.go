@@ -51,7 +51,6 @@ type Census struct {
 type CensusPass struct {
 	Generation uint32
 	Sockets    uint64 // sockets of protected ports marked
-	Took       time.Duration
 }
 
 // censusHeader is the mapped header of the syn_census value, written field
@@ -99,18 +98,15 @@ func readCensus(m *ebpf.Map) (*datapath.MoatSynCensusTable, error) {
 }
 
 // CensusGeneration reads the generation of the census pass under way (or
-// last taken): from the mapped header where the map may be mapped (a
-// writable handle), else from a copy of the value.
+// last taken) from the mapped header: callers change the SYN maps, so
+// their handles are writable.
 func CensusGeneration(m *ebpf.Map) (uint32, error) {
-	if h, err := mapCensusHeader(m); err == nil {
-		defer h.close()
-		return atomic.LoadUint32(h.gen), nil
-	}
-	t, err := readCensus(m)
+	h, err := mapCensusHeader(m)
 	if err != nil {
 		return 0, err
 	}
-	return t.Generation, nil
+	defer h.close()
+	return atomic.LoadUint32(h.gen), nil
 }
 
 // NewCensus attaches the census iterator (the program moat_syn_census,
@@ -143,7 +139,6 @@ func (c *Census) Close() error {
 // down to the generation before, which events may still have written, for
 // the validity of a pass taken every `every`.
 func (c *Census) Take(every time.Duration) (CensusPass, error) {
-	start := time.Now()
 	gen := atomic.LoadUint32(c.hdr.gen) + 1
 	atomic.StoreUint64(c.hdr.sockets, 0)
 	atomic.StoreUint32(c.hdr.gen, gen)
@@ -167,18 +162,12 @@ func (c *Census) Take(every time.Duration) (CensusPass, error) {
 	atomic.StoreUint64(c.hdr.validUntil, bootNow()+uint64(censusValidity(every)))
 	atomic.StoreUint32(c.hdr.floor, gen-1)
 	atomic.AddUint64(c.hdr.passes, 1)
-	return CensusPass{Generation: gen, Sockets: atomic.LoadUint64(c.hdr.sockets), Took: time.Since(start)}, nil
+	return CensusPass{Generation: gen, Sockets: atomic.LoadUint64(c.hdr.sockets)}, nil
 }
 
-// Run takes a pass every `every` until ctx ends. in runs each pass (nil:
-// on the calling goroutine's thread), so that a caller can take it in a
-// network namespace of its choice. report, unless nil, hears of changes:
-// the first pass that fails (with its error), and the first that works
-// after failures (with a nil error).
-func (c *Census) Run(ctx context.Context, every time.Duration, in func(func() error) error, report func(CensusPass, error)) {
-	if in == nil {
-		in = func(f func() error) error { return f() }
-	}
+// run takes a pass every `every` until ctx ends, with in and report as
+// Start describes.
+func (c *Census) run(ctx context.Context, every time.Duration, in func(func() error) error, report func(CensusPass, error)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false
@@ -199,8 +188,12 @@ func (c *Census) Run(ctx context.Context, every time.Duration, in func(func() er
 
 // Start takes two passes at once, so that the census is trusted when it
 // returns (the first pass alone leaves it untrusted), then one every
-// `every` in the background until stop is called; in and report as for
-// Run. stop waits for the pass under way; it does not Close c.
+// `every` in the background until stop is called. in runs each pass (nil:
+// on the calling goroutine's thread), so that a caller can take it in a
+// network namespace of its choice; report, unless nil, hears of the first
+// pass that fails (with its error) and of the first that works after
+// failures (nil error). stop waits for the pass under way; it does not
+// Close c.
 func (c *Census) Start(every time.Duration, in func(func() error) error, report func(CensusPass, error)) (stop func(), err error) {
 	if in == nil {
 		in = func(f func() error) error { return f() }
@@ -221,7 +214,7 @@ func (c *Census) Start(every time.Duration, in func(func() error) error, report 
 			return
 		case <-t.C:
 		}
-		c.Run(ctx, every, in, report)
+		c.run(ctx, every, in, report)
 	}()
 	return func() {
 		cancel()

@@ -60,8 +60,9 @@ func TestCensusLayout(t *testing.T) {
 // TestCensusSlotAgreesWithDataPath: the data path marks the slot that
 // CensusSlot names for the tuple of a SYN it leaves to the kernel (auto
 // mode, no flood), in both families, with the generation of the pass under
-// way; a SYN to an unprotected port marks nothing, and an allowlisted SYN
-// (which skips the SYN defence) is marked too.
+// way; so does a SYN that cookie mode leaves to the kernel (here: nothing
+// listens). A SYN to an unprotected port marks nothing, and an allowlisted
+// SYN (which skips the SYN defence) is marked too.
 func TestCensusSlotAgreesWithDataPath(t *testing.T) {
 	objs := setup(t)
 	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAuto, 1<<30); err != nil {
@@ -88,6 +89,7 @@ func TestCensusSlotAgreesWithDataPath(t *testing.T) {
 		{"ipv6", client6, server6, protectedPort, true},
 		{"ipv4 unprotected port", client4, server4, unprotectedPort, false},
 		{"ipv6 allowlisted", client6, server6, unprotectedPort, true},
+		{"ipv4 always mode, left to the kernel (no listener)", client4, server4, noListenerPort, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.name == "ipv6 allowlisted" {
