@@ -378,10 +378,12 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 			// A rotator stands in for the daemon: it keeps the socket
 			// census current too, without which every SYN and ACK pays a
 			// socket lookup.
-			if stop, err := startCensus(g, cmd.ErrOrStderr()); err != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "warning: socket census: %v; every SYN and ACK of a protected port pays a socket lookup\n", err)
-			} else {
-				defer stop()
+			// While another process (a daemon) takes it, the rotator tries
+			// again until it can.
+			census := shield.HoldCensus(func() (func(), error) { return startCensus(g, cmd.ErrOrStderr()) })
+			defer census.Stop()
+			if err := census.Err(); err != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: socket census: %v; every SYN and ACK of a protected port pays a socket lookup; trying again every %s\n", err, shield.CensusRetryEvery)
 			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -395,6 +397,12 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 				case <-tick.C:
 					if err := rotate(); err != nil {
 						return err
+					}
+				case <-census.Retry():
+					if changed, err := census.Take(); err != nil && changed {
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: socket census: %v\n", err)
+					} else if changed {
+						fmt.Fprintln(cmd.ErrOrStderr(), "note: socket census taken")
 					}
 				}
 			}

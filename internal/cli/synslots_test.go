@@ -122,14 +122,65 @@ func TestRotatorLeavesTheStateUnlocked(t *testing.T) {
 	if st := read(); !st.Census.Trusted || st.Census.Passes < 2 {
 		t.Errorf("census beside the rotator: %+v, want current", st.Census)
 	}
+	// A second rotator finds the census taken, runs without it, and
+	// takes it over when the first stops.
+	second := exec.Command(moatBin, "syn", "rotate", "--every", "1s", "--root", root)
+	stderr, err := second.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Start(); err != nil {
+		t.Fatal(err)
+	}
+	secondDone := make(chan error, 1)
+	go func() { secondDone <- second.Wait() }()
+	t.Cleanup(func() {
+		second.Process.Kill()
+		<-secondDone
+	})
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	waitLine := func(want string, within time.Duration) {
+		t.Helper()
+		timeout := time.After(within)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("the second rotator closed its stderr before saying %q", want)
+				}
+				if strings.Contains(l, want) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("the second rotator did not say %q within %s", want, within)
+			}
+		}
+	}
+	waitLine("another process", 5*time.Second)
 	rotator.Process.Signal(syscall.SIGTERM)
 	if err := <-done; err != nil {
 		t.Errorf("the rotator exited with %v on SIGTERM", err)
 	}
-	if st := read(); st.Census.Trusted {
-		t.Errorf("census after the rotator stopped: %+v, want out of date", st.Census)
-	}
 	done <- nil // for the cleanup
+	waitLine("note: socket census taken", shield.CensusRetryEvery+5*time.Second)
+	if st := read(); !st.Census.Trusted {
+		t.Errorf("census once the second rotator took it: %+v, want current", st.Census)
+	}
+	second.Process.Signal(syscall.SIGTERM)
+	if err := <-secondDone; err != nil {
+		t.Errorf("the second rotator exited with %v on SIGTERM", err)
+	}
+	secondDone <- nil // for the cleanup
+	if st := read(); st.Census.Trusted {
+		t.Errorf("census after the rotators stopped: %+v, want out of date", st.Census)
+	}
 }
 
 // TestSynProtectSaysWhatItDid checks what `moat syn protect` tells an

@@ -166,13 +166,14 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}()
 
-	// Without the census (a kernel without TCP socket iterators) every
-	// SYN and ACK of a protected port pays the socket lookup: slower, not
-	// wrong.
-	if stopCensus, err := d.startCensus(); err != nil {
-		d.log.Error("socket census: SYNs and ACKs of protected ports pay a socket lookup each", "err", err)
-	} else {
-		defer stopCensus()
+	// Without the census (another process takes it, a kernel without TCP
+	// socket iterators) every SYN and ACK of a protected port pays the
+	// socket lookup: slower, not wrong. The daemon tries again until it
+	// can, so it takes over from a rotator that held the census.
+	census := shield.HoldCensus(d.startCensus)
+	defer census.Stop()
+	if err := census.Err(); err != nil {
+		d.log.Error("socket census: SYNs and ACKs of protected ports pay a socket lookup each; trying again", "every", shield.CensusRetryEvery, "err", err)
 	}
 
 	notify("READY=1\nSTATUS=protecting")
@@ -210,6 +211,12 @@ func Run(ctx context.Context, opts Options) error {
 			d.rotate()
 		case <-sample.C:
 			d.sample()
+		case <-census.Retry():
+			if changed, err := census.Take(); err != nil && changed {
+				d.log.Error("socket census: still not taken", "err", err)
+			} else if changed {
+				d.log.Info("socket census taken")
+			}
 		}
 	}
 }
@@ -335,6 +342,8 @@ type ExpireResult struct {
 // last good pass the data path stops trusting the census and looks every
 // socket up, as without it.
 func (d *Daemon) startCensus() (stop func(), err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	err = d.withShield(func(s *shield.Shield) (err error) {
 		stop, err = s.StartCensus(func(p syncookie.CensusPass, err error) {
 			if err != nil {

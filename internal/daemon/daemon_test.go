@@ -1319,6 +1319,66 @@ func TestDaemonTakesCensus(t *testing.T) {
 	}
 }
 
+// TestDaemonTakesOverCensus: a daemon that finds another process taking
+// the socket census runs without it, says so, and takes the census over
+// once the other stops.
+func TestDaemonTakesOverCensus(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nsyn:\n  ports:\n    - port: 8080\n      mode: always\n", e.attackerIf()))
+	e.start() // pins the maps the other taker needs
+	e.stop(syscall.SIGTERM)
+	var other func()
+	if err := e.lab.Server.Do(func() error {
+		s, err := shield.Open(e.root)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		other, err = s.StartCensus(nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if other != nil {
+			other()
+		}
+	})
+	e.start()
+	if !strings.Contains(e.log.String(), "another process") || !strings.Contains(e.log.String(), "trying again") {
+		t.Fatalf("daemon log while another process takes the census:\n%s", e.log)
+	}
+	census := func() syncookie.CensusStatus {
+		t.Helper()
+		var st struct {
+			Census syncookie.CensusStatus `json:"socket_census"`
+		}
+		if r := e.mustMoat("syn", "status", "--json"); json.Unmarshal([]byte(r.stdout), &st) != nil {
+			t.Fatalf("syn status --json:\n%s", r.stdout)
+		}
+		return st.Census
+	}
+	other()
+	other = nil
+	if st := census(); st.Trusted {
+		t.Fatalf("census once the other taker stopped: %+v, want out of date until the daemon takes it", st)
+	}
+	stopped := census().Passes
+	deadline := time.Now().Add(shield.CensusRetryEvery + 5*time.Second)
+	for !strings.Contains(e.log.String(), "socket census taken") {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not take the census over:\n%s", e.log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st := census(); !st.Trusted || st.Passes < stopped+2 {
+		t.Fatalf("census after the daemon took it: %+v, want current with passes beyond %d", st, stopped)
+	}
+	if n := strings.Count(e.log.String(), "socket census: still not taken"); n != 0 {
+		t.Errorf("the same refusal was logged again %d times:\n%s", n, e.log)
+	}
+}
+
 // TestExpireThroughDaemon: `moat expire` under a daemon asks the daemon,
 // which removes the timed rule from the maps and from its state file (the
 // CLI alone would leave the state file holding it).

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
@@ -80,4 +81,64 @@ func (s *Shield) StartCensus(report func(syncookie.CensusPass, error)) (stop fun
 		target.Close()
 		lock.Close()
 	}, nil
+}
+
+// CensusRetryEvery is how often a process that keeps the socket census
+// (the daemon, `moat syn rotate --every`) tries again to take it when it
+// could not: another process took it, or the kernel refused the iterator.
+const CensusRetryEvery = 5 * time.Second
+
+// CensusHolder keeps the socket census taken for a long-running process,
+// so that it takes over when the process that held the census stops.
+type CensusHolder struct {
+	start func() (stop func(), err error)
+	stop  func()
+	err   error
+	retry *time.Ticker
+}
+
+// HoldCensus tries to take the census with start (StartCensus in the
+// right namespace) at once; Err says why it could not.
+func HoldCensus(start func() (stop func(), err error)) *CensusHolder {
+	h := &CensusHolder{start: start, retry: time.NewTicker(CensusRetryEvery)}
+	h.Take()
+	return h
+}
+
+// Retry ticks every CensusRetryEvery while the census is not taken, for
+// the caller to call Take; it is nil once it is.
+func (h *CensusHolder) Retry() <-chan time.Time {
+	if h.stop != nil {
+		return nil
+	}
+	return h.retry.C
+}
+
+// Err is why the last attempt to take the census failed, nil once taken.
+func (h *CensusHolder) Err() error { return h.err }
+
+// Take tries to take the census unless it is taken, and returns the
+// attempt's error. changed says whether the outcome is news worth a line
+// in the log: the census taken after all, or a cause other than the last
+// attempt's.
+func (h *CensusHolder) Take() (changed bool, err error) {
+	if h.stop != nil {
+		return false, nil
+	}
+	last := h.err
+	h.stop, h.err = h.start()
+	if h.err == nil {
+		h.retry.Stop()
+		return true, nil
+	}
+	return last == nil || last.Error() != h.err.Error(), h.err
+}
+
+// Stop ends the census passes, if taken, and the retries.
+func (h *CensusHolder) Stop() {
+	h.retry.Stop()
+	if h.stop != nil {
+		h.stop()
+		h.stop = nil
+	}
 }

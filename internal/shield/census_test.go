@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/syncookie"
 )
 
@@ -33,3 +34,38 @@ func TestOneCensusPerRoot(t *testing.T) {
 	}
 	stop()
 }
+
+// TestCensusHolderTakesOver: a holder refused because another process
+// takes the census keeps asking to retry, takes it once the other stops,
+// and then stops asking.
+func TestCensusHolderTakesOver(t *testing.T) {
+	s := openFresh(t)
+	other, err := s.StartCensus(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := shield.HoldCensus(func() (func(), error) { return s.StartCensus(nil) })
+	t.Cleanup(h.Stop)
+	if err := h.Err(); err == nil || !strings.Contains(err.Error(), "another process") || h.Retry() == nil {
+		t.Fatalf("holder while another takes the census: err %v, retry %v; want refused and retrying", err, h.Retry())
+	}
+	if changed, err := h.Take(); err == nil || changed {
+		t.Fatalf("second refusal: changed %t, err %v; want the same refusal, not news", changed, err)
+	}
+	other()
+	before, _ := syncookie.ReadCensus(s.Map(datapath.MoatMapSynCensus))
+	if changed, err := h.Take(); err != nil || !changed {
+		t.Fatalf("take once the other stopped: changed %t, err %v", changed, err)
+	}
+	if h.Retry() != nil || h.Err() != nil {
+		t.Fatalf("holder with the census: retry %v, err %v; want neither", h.Retry(), h.Err())
+	}
+	if st, err := syncookie.ReadCensus(s.Map(datapath.MoatMapSynCensus)); err != nil || !st.Trusted || st.Passes != before.Passes+2 {
+		t.Fatalf("census taken over: %+v (%v), want current with two more passes than %d", st, err, before.Passes)
+	}
+	h.Stop()
+	if st, _ := syncookie.ReadCensus(s.Map(datapath.MoatMapSynCensus)); st.Trusted {
+		t.Fatalf("census after the holder stopped: %+v, want out of date", st)
+	}
+}
+
