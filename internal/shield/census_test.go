@@ -68,4 +68,3 @@ func TestCensusHolderTakesOver(t *testing.T) {
 		t.Fatalf("census after the holder stopped: %+v, want out of date", st)
 	}
 }
-
