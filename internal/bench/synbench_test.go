@@ -144,6 +144,38 @@ func TestSummarizeSynRatios(t *testing.T) {
 	}
 }
 
+// TestSlowReflectorNote: rounds where the reflector fell below two thirds
+// of its fastest are named, with whether the kernel slowed there too.
+func TestSlowReflectorNote(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		kernel, refl []float64
+		want         []string // in the note; none: no note
+	}{
+		{"steady", []float64{100e3, 120e3, 110e3}, []float64{4e6, 4.4e6, 3e6}, nil},
+		{"one slow round, kernel steady", []float64{100e3, 120e3, 110e3}, []float64{4e6, 4.4e6, 2.5e6},
+			[]string{"2.500 to 4.400 M/s", "in round 3,", "kept its rate (0.110 M/s there, 0.110 M/s in the other rounds)"}},
+		{"two slow rounds, kernel slow too", []float64{50e3, 120e3, 60e3}, []float64{2e6, 4.4e6, 2.5e6},
+			[]string{"in rounds 1, 3,", "the kernel ran slower there too (0.055 M/s, 0.120 M/s"}},
+		{"a slow round that gave no rate is left out", []float64{100e3, 120e3, 110e3}, []float64{4e6, 4.4e6, math.NaN()}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kernel, refl := synContender(synKernel, tc.kernel...), synContender(synReflector, tc.refl...)
+			summarizeSyn(kernel, kernel, refl)
+			summarizeSyn(refl, kernel, refl)
+			note := slowReflectorNote(kernel, refl)
+			if tc.want == nil && note != "" {
+				t.Fatalf("note %q, want none", note)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(note, w) {
+					t.Errorf("note %q lacks %q", note, w)
+				}
+			}
+		})
+	}
+}
+
 // synLegitFixture is the kernel and moat, idle and flooded, clients on their
 // own link, over two rounds.
 func synLegitFixture() *SynLegitResult {

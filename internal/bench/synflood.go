@@ -185,6 +185,9 @@ func (b *Bench) synFlood(ctx context.Context) (*SynResult, error) {
 					res.Notes = append(res.Notes, m.name+": "+note)
 				}
 			}
+			if note := slowReflectorNote(m.by[synKernel], m.by[synReflector]); note != "" {
+				res.Notes = append(res.Notes, m.name+": "+note)
+			}
 		}
 		res.Goals = synGoals(res)
 	}()
@@ -334,6 +337,48 @@ func summarizeSyn(c, kernel, refl *SynContender) string {
 			"the answer is written into the page the SYN came in (XDP_TX), and BPF_PROG_TEST_RUN live frames recycle pages without restoring their data, so a generator that does not restore its template before every frame sends the answers on instead of SYNs"
 	}
 	return note
+}
+
+// slowReflectorNote says which rounds the reflector ran below two thirds
+// of its fastest round, if any, and whether the kernel ran slower in them
+// too. The reflector is the ceiling of every XDP_TX answerer, so in such
+// rounds the lab's XDP_TX path itself was slow: an XDP_TX answerer's ratio
+// to the kernel falls with it, its ratio to the reflector of the same
+// round does not.
+func slowReflectorNote(kernel, refl *SynContender) string {
+	if kernel == nil || refl == nil || !(refl.SynAckPPS.Max > 0) {
+		return ""
+	}
+	var slow []string
+	var kSlow, kOther []float64
+	for _, r := range refl.Runs {
+		if !r.Valid {
+			continue
+		}
+		k := runRate(kernel, r.Round)
+		if r.SynAckPPS < refl.SynAckPPS.Max*2/3 {
+			slow = append(slow, fmt.Sprint(r.Round))
+			kSlow = append(kSlow, k)
+		} else {
+			kOther = append(kOther, k)
+		}
+	}
+	if len(slow) == 0 {
+		return ""
+	}
+	rounds := "round "
+	if len(slow) > 1 {
+		rounds = "rounds "
+	}
+	note := fmt.Sprintf("the reflector answered %s to %s M/s across rounds, below two thirds of its fastest in %s%s",
+		mpps(refl.SynAckPPS.Min), mpps(refl.SynAckPPS.Max), rounds, strings.Join(slow, ", "))
+	ks, ko := Summarize(kSlow).Median, Summarize(kOther).Median
+	if ks >= ko*0.9 {
+		note += fmt.Sprintf(", while the kernel, whose SYN-ACKs leave through the stack, kept its rate (%s M/s there, %s M/s in the other rounds)", mpps(ks), mpps(ko))
+	} else if !math.IsNaN(ks) && !math.IsNaN(ko) {
+		note += fmt.Sprintf(", and the kernel ran slower there too (%s M/s, %s M/s in the other rounds)", mpps(ks), mpps(ko))
+	}
+	return note + ". The lab's XDP_TX path itself was slow in those rounds, so every XDP_TX answerer's ratio to the kernel falls in them; its ratio to the reflector of the same round is the steadier figure"
 }
 
 // runRate is the valid SYN-ACK rate of c's run in a round, NaN when c is
