@@ -95,7 +95,7 @@ func TestReattachReplacesOutgrownCounters(t *testing.T) {
 }
 
 // vethPair makes a veth pair with names unique to this run, removed when
-// the test ends.
+// the test ends: by name, as a test may have made the pair again.
 func vethPair(t *testing.T) (string, string) {
 	t.Helper()
 	var rnd [4]byte
@@ -106,7 +106,11 @@ func vethPair(t *testing.T) (string, string) {
 	if err := netlink.LinkAdd(la); err != nil {
 		t.Skipf("no veth: %v", err)
 	}
-	t.Cleanup(func() { netlink.LinkDel(la) })
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(a); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
 	return a, b
 }
 
