@@ -380,11 +380,15 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 			// socket lookup.
 			// While another process (a daemon) takes it, the rotator tries
 			// again until it can.
-			census := shield.HoldCensus(func() (func(), error) { return startCensus(g, cmd.ErrOrStderr()) })
+			errOut := cmd.ErrOrStderr()
+			census := shield.HoldCensus(func() (func(), error) { return startCensus(g, errOut) }, func(err error) {
+				if err != nil {
+					fmt.Fprintf(errOut, "warning: socket census: %v; every SYN and ACK of a protected port pays a socket lookup; trying again every %s\n", err, shield.CensusRetryEvery)
+				} else {
+					fmt.Fprintln(errOut, "note: socket census taken")
+				}
+			})
 			defer census.Stop()
-			if err := census.Err(); err != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "warning: socket census: %v; every SYN and ACK of a protected port pays a socket lookup; trying again every %s\n", err, shield.CensusRetryEvery)
-			}
 			sig := make(chan os.Signal, 1)
 			signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sig)
@@ -399,11 +403,7 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 						return err
 					}
 				case <-census.Retry():
-					if changed, err := census.Take(); err != nil && changed {
-						fmt.Fprintf(cmd.ErrOrStderr(), "warning: socket census: %v\n", err)
-					} else if changed {
-						fmt.Fprintln(cmd.ErrOrStderr(), "note: socket census taken")
-					}
+					census.Take()
 				}
 			}
 		},

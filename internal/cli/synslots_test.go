@@ -64,6 +64,31 @@ func protectedPorts(t *testing.T, root string) []syncookie.PortEntry {
 	return pe
 }
 
+// startRotator runs `moat syn rotate --every 1s` on root until the test
+// ends; done receives its exit (send nil back after reading it, for the
+// cleanup).
+func startRotator(t *testing.T, root string) (cmd *exec.Cmd, stdout, stderr io.Reader, done chan error) {
+	t.Helper()
+	cmd = exec.Command(moatBin, "syn", "rotate", "--every", "1s", "--root", root)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stderr, err = cmd.StderrPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-done
+	})
+	return cmd, stdout, stderr, done
+}
+
 // TestRotatorLeavesTheStateUnlocked checks that `moat syn rotate --every`
 // holds the state's lock only while it rotates: other commands run beside
 // it, and it keeps rotating.
@@ -71,20 +96,8 @@ func TestRotatorLeavesTheStateUnlocked(t *testing.T) {
 	t.Parallel()
 	root := newRoot(t)
 	mustRun(t, root, "syn", "protect", "tcp/443", "--mode", "never")
-	rotator := exec.Command(moatBin, "syn", "rotate", "--every", "1s", "--root", root)
-	out, err := rotator.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rotator.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- rotator.Wait() }()
-	t.Cleanup(func() {
-		rotator.Process.Kill()
-		<-done
-	})
+	rotator, out, rotatorErr, done := startRotator(t, root)
+	go io.Copy(io.Discard, rotatorErr)
 	first, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || !strings.HasPrefix(first, "key rotation") {
 		t.Fatalf("the rotator printed %q (%v)", first, err)
@@ -124,20 +137,8 @@ func TestRotatorLeavesTheStateUnlocked(t *testing.T) {
 	}
 	// A second rotator finds the census taken, runs without it, and
 	// takes it over when the first stops.
-	second := exec.Command(moatBin, "syn", "rotate", "--every", "1s", "--root", root)
-	stderr, err := second.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := second.Start(); err != nil {
-		t.Fatal(err)
-	}
-	secondDone := make(chan error, 1)
-	go func() { secondDone <- second.Wait() }()
-	t.Cleanup(func() {
-		second.Process.Kill()
-		<-secondDone
-	})
+	second, secondOut, stderr, secondDone := startRotator(t, root)
+	go io.Copy(io.Discard, secondOut)
 	lines := make(chan string, 16)
 	go func() {
 		sc := bufio.NewScanner(stderr)

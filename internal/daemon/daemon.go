@@ -170,11 +170,14 @@ func Run(ctx context.Context, opts Options) error {
 	// socket iterators) every SYN and ACK of a protected port pays the
 	// socket lookup: slower, not wrong. The daemon tries again until it
 	// can, so it takes over from a rotator that held the census.
-	census := shield.HoldCensus(d.startCensus)
+	census := shield.HoldCensus(d.startCensus, func(err error) {
+		if err != nil {
+			d.log.Error("socket census: SYNs and ACKs of protected ports pay a socket lookup each; trying again", "every", shield.CensusRetryEvery, "err", err)
+		} else {
+			d.log.Info("socket census taken")
+		}
+	})
 	defer census.Stop()
-	if err := census.Err(); err != nil {
-		d.log.Error("socket census: SYNs and ACKs of protected ports pay a socket lookup each; trying again", "every", shield.CensusRetryEvery, "err", err)
-	}
 
 	notify("READY=1\nSTATUS=protecting")
 
@@ -212,11 +215,7 @@ func Run(ctx context.Context, opts Options) error {
 		case <-sample.C:
 			d.sample()
 		case <-census.Retry():
-			if changed, err := census.Take(); err != nil && changed {
-				d.log.Error("socket census: still not taken", "err", err)
-			} else if changed {
-				d.log.Info("socket census taken")
-			}
+			census.Take()
 		}
 	}
 }

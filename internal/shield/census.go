@@ -91,16 +91,19 @@ const CensusRetryEvery = 5 * time.Second
 // CensusHolder keeps the socket census taken for a long-running process,
 // so that it takes over when the process that held the census stops.
 type CensusHolder struct {
-	start func() (stop func(), err error)
-	stop  func()
-	err   error
-	retry *time.Ticker
+	start  func() (stop func(), err error)
+	report func(error)
+	stop   func()
+	err    error
+	retry  *time.Ticker
 }
 
 // HoldCensus tries to take the census with start (StartCensus in the
-// right namespace) at once; Err says why it could not.
-func HoldCensus(start func() (stop func(), err error)) *CensusHolder {
-	h := &CensusHolder{start: start, retry: time.NewTicker(CensusRetryEvery)}
+// right namespace) at once. report hears each change worth a line in a
+// log: a failure whose cause differs from the last attempt's (err), and
+// the census taken after failures (nil).
+func HoldCensus(start func() (stop func(), err error), report func(error)) *CensusHolder {
+	h := &CensusHolder{start: start, report: report, retry: time.NewTicker(CensusRetryEvery)}
 	h.Take()
 	return h
 }
@@ -117,21 +120,22 @@ func (h *CensusHolder) Retry() <-chan time.Time {
 // Err is why the last attempt to take the census failed, nil once taken.
 func (h *CensusHolder) Err() error { return h.err }
 
-// Take tries to take the census unless it is taken, and returns the
-// attempt's error. changed says whether the outcome is news worth a line
-// in the log: the census taken after all, or a cause other than the last
-// attempt's.
-func (h *CensusHolder) Take() (changed bool, err error) {
+// Take tries to take the census unless it is taken.
+func (h *CensusHolder) Take() {
 	if h.stop != nil {
-		return false, nil
+		return
 	}
 	last := h.err
 	h.stop, h.err = h.start()
-	if h.err == nil {
+	switch {
+	case h.err == nil:
 		h.retry.Stop()
-		return true, nil
+		if last != nil {
+			h.report(nil)
+		}
+	case last == nil || last.Error() != h.err.Error():
+		h.report(h.err)
 	}
-	return last == nil || last.Error() != h.err.Error(), h.err
 }
 
 // Stop ends the census passes, if taken, and the retries.

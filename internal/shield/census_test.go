@@ -44,18 +44,19 @@ func TestCensusHolderTakesOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := shield.HoldCensus(func() (func(), error) { return s.StartCensus(nil) })
+	var reports []error
+	h := shield.HoldCensus(func() (func(), error) { return s.StartCensus(nil) }, func(err error) { reports = append(reports, err) })
 	t.Cleanup(h.Stop)
-	if err := h.Err(); err == nil || !strings.Contains(err.Error(), "another process") || h.Retry() == nil {
-		t.Fatalf("holder while another takes the census: err %v, retry %v; want refused and retrying", err, h.Retry())
+	if err := h.Err(); err == nil || !strings.Contains(err.Error(), "another process") || h.Retry() == nil || len(reports) != 1 || reports[0] != err {
+		t.Fatalf("holder while another takes the census: err %v, retry %v, reports %v; want refused, reported and retrying", err, h.Retry(), reports)
 	}
-	if changed, err := h.Take(); err == nil || changed {
-		t.Fatalf("second refusal: changed %t, err %v; want the same refusal, not news", changed, err)
+	if h.Take(); h.Err() == nil || len(reports) != 1 {
+		t.Fatalf("second refusal: err %v, reports %v; want the same refusal, not reported again", h.Err(), reports)
 	}
 	other()
 	before, _ := syncookie.ReadCensus(s.Map(datapath.MoatMapSynCensus))
-	if changed, err := h.Take(); err != nil || !changed {
-		t.Fatalf("take once the other stopped: changed %t, err %v", changed, err)
+	if h.Take(); h.Err() != nil || len(reports) != 2 || reports[1] != nil {
+		t.Fatalf("take once the other stopped: err %v, reports %v; want taken and reported", h.Err(), reports)
 	}
 	if h.Retry() != nil || h.Err() != nil {
 		t.Fatalf("holder with the census: retry %v, err %v; want neither", h.Retry(), h.Err())
