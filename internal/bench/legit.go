@@ -327,8 +327,8 @@ func (b *Bench) legitPoint(ctx context.Context, d receiver, pl placement, fc flo
 			// The counter also holds the shared-link clients' few frames.
 			lr.Delivered = float64(xmit1-xmit0) / fr.Elapsed.Seconds()
 		}
-		lr.Attempts, lr.OK = attempts, len(lat)
-		lr.P50ms, lr.P99ms = Percentile(lat, 50), Percentile(lat, 99)
+		lr.Attempts, lr.OK = attempts, len(lat.request)
+		lr.P50ms, lr.P99ms = Percentile(lat.request, 50), Percentile(lat.request, 99)
 		return nil
 	})
 	return lr, err
@@ -357,20 +357,29 @@ func (b *Bench) setThreadedNAPI(ctx context.Context, on bool) error {
 	return nil
 }
 
+// latencies are the durations (ms) of requests that succeeded: the whole
+// request, and its TCP connect alone, in the same order.
+type latencies struct{ request, connect []float64 }
+
+func (l *latencies) add(m latencies) {
+	l.request = append(l.request, m.request...)
+	l.connect = append(l.connect, m.connect...)
+}
+
 // clients offers requests at a fixed rate for one window, whether or not
 // earlier ones have been answered (an open loop: a slow server does not
 // slow the clients down, as it does not slow real users). It returns the
-// latencies (ms) of the requests that succeeded and the number offered. A
+// latencies of the requests that succeeded and the number offered. A
 // pool of goroutines locked into the placement's namespace makes them, so
 // their sockets are made there; a request that no goroutine could start
 // within the timeout counts as failed.
-func (b *Bench) clients(ctx context.Context, pl placement) ([]float64, int, error) {
+func (b *Bench) clients(ctx context.Context, pl placement) (latencies, int, error) {
 	interval := time.Second / time.Duration(b.cfg.LegitRate)
 	offered := int(b.cfg.LegitWindow / interval)
 	slots := make(chan time.Time, offered)
 	var (
 		mu   sync.Mutex
-		lat  []float64
+		lat  latencies
 		wg   sync.WaitGroup
 		errs = make([]error, b.cfg.LegitWorkers)
 	)
@@ -384,9 +393,10 @@ func (b *Bench) clients(ctx context.Context, pl placement) ([]float64, int, erro
 					if time.Since(due) > legitTimeout || ctx.Err() != nil {
 						continue // the user gave up before a client was free
 					}
-					if ms, ok := request(target); ok {
+					if total, conn, ok := request(target); ok {
 						mu.Lock()
-						lat = append(lat, ms)
+						lat.request = append(lat.request, total)
+						lat.connect = append(lat.connect, conn)
 						mu.Unlock()
 					}
 				}
@@ -409,38 +419,43 @@ func (b *Bench) clients(ctx context.Context, pl placement) ([]float64, int, erro
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return nil, 0, err
+			return latencies{}, 0, err
 		}
 	}
 	return lat, offered, nil
 }
 
 // request makes one HTTP request on a fresh connection and reports its
-// duration in milliseconds and whether a complete 200 reply came in time.
-func request(target string) (float64, bool) {
+// duration and that of its TCP connect, in milliseconds, and whether a
+// complete 200 reply came in time.
+func request(target string) (total, connect float64, ok bool) {
 	t0 := time.Now()
 	deadline := t0.Add(legitTimeout)
 	d := net.Dialer{Deadline: deadline}
 	conn, err := d.Dial("tcp4", target)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
+	connect = msSince(t0)
 	defer conn.Close()
 	conn.SetDeadline(deadline)
 	if _, err := io.WriteString(conn, "GET / HTTP/1.0\r\nHost: moat-bench\r\n\r\n"); err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	br := bufio.NewReader(conn)
 	status, err := br.ReadString('\n')
 	if err != nil || !strings.Contains(status, " 200 ") {
-		return 0, false
+		return 0, 0, false
 	}
 	body, err := io.ReadAll(br)
 	if err != nil || !strings.Contains(string(body), "moat bench: ok") {
-		return 0, false
+		return 0, 0, false
 	}
-	return float64(time.Since(t0)) / float64(time.Millisecond), true
+	return msSince(t0), connect, true
 }
+
+// msSince is the time since t0 in milliseconds.
+func msSince(t0 time.Time) float64 { return float64(time.Since(t0)) / float64(time.Millisecond) }
 
 // moatSynState says whether the shield has SYN protection on the service
 // port, which changes what moat does with the legitimate clients' SYNs.

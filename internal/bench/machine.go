@@ -3,10 +3,15 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,12 +26,13 @@ type Machine struct {
 	Go         string            `json:"go"`
 	Commit     string            `json:"commit"`
 	Tools      map[string]string `json:"tools"`
+	Scheduler  string            `json:"scheduler,omitempty"`
 	LoadBefore string            `json:"loadavg_before"`
 	LoadAfter  string            `json:"loadavg_after"`
 }
 
 func machineInfo(versions map[string]string) Machine {
-	m := Machine{VCPUs: runtime.NumCPU(), Go: runtime.Version(), Tools: versions, LoadBefore: loadAvg()}
+	m := Machine{VCPUs: runtime.NumCPU(), Go: runtime.Version(), Tools: versions, LoadBefore: loadAvg(), Scheduler: schedulerText(kernelConfig(), kernelCmdline())}
 	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		sc := bufio.NewScanner(bytes.NewReader(raw))
 		for sc.Scan() {
@@ -85,4 +91,78 @@ func loadAvg() string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// kernelConfig reads the running kernel's build options from
+// /proc/config.gz or /boot/config-RELEASE; nil when neither is there.
+func kernelConfig() map[string]string {
+	var raw []byte
+	if f, err := os.Open("/proc/config.gz"); err == nil {
+		defer f.Close()
+		if zr, err := gzip.NewReader(f); err == nil {
+			raw, _ = io.ReadAll(zr)
+		}
+	}
+	if raw == nil {
+		var u unix.Utsname
+		if unix.Uname(&u) == nil {
+			raw, _ = os.ReadFile("/boot/config-" + unix.ByteSliceToString(u.Release[:]))
+		}
+	}
+	if raw == nil {
+		return nil
+	}
+	cfg := map[string]string{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && strings.HasPrefix(k, "CONFIG_") {
+			cfg[k] = v
+		}
+	}
+	return cfg
+}
+
+// kernelCmdline is the running kernel's command line.
+func kernelCmdline() string {
+	raw, _ := os.ReadFile("/proc/cmdline")
+	return string(raw)
+}
+
+// schedulerText says how often the scheduler ticks and whether kernel
+// code is preempted, which bounds how long a woken thread may wait for a
+// CPU that a kernel thread keeps busy. A kernel built with dynamic
+// preemption takes the mode from preempt= on its command line.
+func schedulerText(cfg map[string]string, cmdline string) string {
+	hz, err := strconv.Atoi(cfg["CONFIG_HZ"])
+	if err != nil || hz <= 0 {
+		return ""
+	}
+	s := fmt.Sprintf("HZ=%d (a tick every %s)", hz, time.Second/time.Duration(hz))
+	mode := ""
+	for _, m := range []struct{ key, name string }{
+		{"CONFIG_PREEMPT_NONE", "none"}, {"CONFIG_PREEMPT_VOLUNTARY", "voluntary"},
+		{"CONFIG_PREEMPT", "full"}, {"CONFIG_PREEMPT_LAZY", "lazy"}, {"CONFIG_PREEMPT_RT", "realtime"},
+	} {
+		if cfg[m.key] == "y" {
+			mode = m.name
+		}
+	}
+	if cfg["CONFIG_PREEMPT_DYNAMIC"] == "y" {
+		for _, f := range strings.Fields(cmdline) {
+			if v, ok := strings.CutPrefix(f, "preempt="); ok {
+				mode = v
+			}
+		}
+	}
+	if mode != "" {
+		s += ", preemption " + mode
+	}
+	return s
+}
+
+// tickText is how long this kernel's scheduler tick is.
+func tickText() string {
+	if hz, err := strconv.Atoi(kernelConfig()["CONFIG_HZ"]); err == nil && hz > 0 {
+		return (time.Second / time.Duration(hz)).String()
+	}
+	return "unknown"
 }

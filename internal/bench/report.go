@@ -193,8 +193,8 @@ func (r *Results) Markdown() string {
 		p("**This is a quick smoke run (`-quick`): small counts and a small denylist. Do not quote these figures.**\n\n")
 	}
 	p("## Machine\n\n| | |\n|---|---|\n")
-	p("| CPU | %s |\n| vCPUs | %d |\n| hypervisor | %s |\n| memory | %d MiB |\n| kernel | %s |\n| Go | %s |\n| moat commit | %s |\n",
-		m.CPU, m.VCPUs, orNone(m.Hypervisor), m.MemoryMB, m.Kernel, m.Go, orNone(m.Commit))
+	p("| CPU | %s |\n| vCPUs | %d |\n| hypervisor | %s |\n| memory | %d MiB |\n| kernel | %s |\n| scheduler | %s |\n| Go | %s |\n| moat commit | %s |\n",
+		m.CPU, m.VCPUs, orNone(m.Hypervisor), m.MemoryMB, m.Kernel, orNone(m.Scheduler), m.Go, orNone(m.Commit))
 	for _, k := range []string{"nftables", "xdp-tools"} {
 		p("| %s | %s |\n", k, orNone(m.Tools[k]))
 	}
@@ -341,28 +341,31 @@ func synLegitMarkdown(w *strings.Builder, l *SynLegitResult) {
 	p("Flood: %s.\n\n", l.Flood)
 	p("Receiving: %s.\n\n", l.Receive)
 	p("Clients: %s.\n\n", l.Client)
+	if l.CPUs != "" {
+		p("Service CPUs: %s.\n\n", l.CPUs)
+	}
 	for _, wt := range l.What {
 		p("- %s.\n", wt)
 	}
-	p("\nRounds: %d; in each, every contender gets an idle point and a flooded point per client placement, the contenders alternating. "+
-		"\"answered\" and the percentiles pool every request of every round (per-round medians in results.json); the p99 ratio is the flooded p99 over the same contender's idle p99 with the same clients; "+
+	p("\nRounds: %d; in each, every contender gets an idle point and a flooded point per client placement and service CPUs, the contenders alternating. "+
+		"\"answered\" and the percentiles pool every request of every round (per-round medians in results.json); latency is the whole request (connect, GET, reply), \"connect\" the TCP connect alone; a p99 ratio is the flooded p99 over the same contender's idle p99 with the same clients and service CPUs; "+
 		"\"taken\" is the flood that went into the server's ring, \"SYN-ACKs\" what came back to the attacker per second, \"NAPI thread ran / its CPU idle\" the shares of the point's time the server's NAPI thread was on its CPU and that CPU had nothing to run (results.json also has the share the thread waited behind other tasks). "+
 		"Clients on the attacked link send their SYNs into the same 256-frame veth ring as the flood: whatever finds it full is dropped before any defence sees it, and a lost SYN is retransmitted only after the 1 s the request may take, "+
 		"so their figures measure how fast the server empties the ring, not how well a defence tells users from the flood.\n\n", l.Rounds)
-	p("| clients | defence | flood | offered (Mpps) | taken (Mpps) | SYN-ACKs (Mpps) | NAPI thread ran / its CPU idle | answered | p50 (ms) | p99 (ms) | p99 / idle p99 |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| service CPUs | clients | defence | flood | offered (Mpps) | taken (Mpps) | SYN-ACKs (Mpps) | NAPI thread ran / its CPU idle | answered | p50 (ms) | p99 (ms) | p99 / idle | connect p50 (ms) | connect p99 (ms) | connect p99 / idle |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, pt := range l.Points {
-		fl, off, tk, sa, r := "none", "", "", "", ""
+		fl, off, tk, sa, r, cr := "none", "", "", "", "", ""
 		if pt.Flood {
 			fl = "full"
 			off, tk, sa = spread(pt.FloodPPS, mpps), spread(pt.Taken, mpps), spread(pt.SynAckPPS, mpps)
-			r = ratio(float64(pt.P99Ratio))
+			r, cr = ratio(float64(pt.P99Ratio)), ratio(float64(pt.ConnectP99Ratio))
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s / %s | %s (%d/%d) | %s | %s | %s |\n", pt.Placement, pt.Defence, fl, off, tk, sa, pct(pt.NAPIRan.Median), pct(pt.ServerCPUIdle.Median),
-			pct2(float64(pt.Success)), pt.OK, pt.Attempts, ms(float64(pt.P50ms)), ms(float64(pt.P99ms)), r)
+		p("| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s (%d/%d) | %s | %s | %s | %s | %s | %s |\n", pt.ServiceCPUs, pt.Placement, pt.Defence, fl, off, tk, sa, pct(pt.NAPIRan.Median), pct(pt.ServerCPUIdle.Median),
+			pct2(float64(pt.Success)), pt.OK, pt.Attempts, ms(float64(pt.P50ms)), ms(float64(pt.P99ms)), r, ms(float64(pt.ConnectP50ms)), ms(float64(pt.ConnectP99ms)), cr)
 	}
-	p("\nThe defences' own counters, summed over the rounds:\n\n| clients | defence | flood | counters |\n|---|---|---|---|\n")
+	p("\nThe defences' own counters, summed over the rounds:\n\n| service CPUs | clients | defence | flood | counters |\n|---|---|---|---|---|\n")
 	for _, pt := range l.Points {
-		p("| %s | %s | %s | %s |\n", pt.Placement, pt.Defence, floodWord(pt.Flood), countersText(pt.Counters))
+		p("| %s | %s | %s | %s | %s |\n", pt.ServiceCPUs, pt.Placement, pt.Defence, floodWord(pt.Flood), countersText(pt.Counters))
 	}
 	p("\n")
 	if len(l.Checks) > 0 {

@@ -177,20 +177,38 @@ func TestSlowReflectorNote(t *testing.T) {
 }
 
 // synLegitFixture is the kernel and moat, idle and flooded, clients on their
-// own link, over two rounds.
+// own link and the service apart from the NAPI thread, over two rounds; and
+// the kernel with the service sharing the NAPI thread's CPU.
 func synLegitFixture() *SynLegitResult {
 	lat := func(n int, v float64) []float64 { return slices.Repeat([]float64{v}, n) }
 	point := func(d string, flood bool, rounds ...SynLegitRound) *SynLegitPoint {
-		p := &SynLegitPoint{Defence: d, Placement: placeOwnLink, Flood: flood, Rounds: rounds}
+		p := &SynLegitPoint{Defence: d, Placement: placeOwnLink, ServiceCPUs: cpusApart, Flood: flood, Rounds: rounds}
 		for _, r := range rounds {
 			// Every answered request took 1 ms, but one in a hundred 3 ms
-			// idle and two in a hundred 5 ms flooded.
-			slow, n := 3.0, r.OK/100
+			// idle and two in a hundred 5 ms flooded; their connects 0.5
+			// ms, the slow ones' 1.5 ms idle and 0.9 ms flooded.
+			slow, slowConn, n := 3.0, 1.5, r.OK/100
 			if flood {
-				slow, n = 5, 2*r.OK/100
+				slow, slowConn, n = 5, 0.9, 2*r.OK/100
 			}
-			p.lat = append(p.lat, lat(r.OK-n, 1)...)
-			p.lat = append(p.lat, lat(n, slow)...)
+			p.lat.request = append(p.lat.request, lat(r.OK-n, 1)...)
+			p.lat.request = append(p.lat.request, lat(n, slow)...)
+			p.lat.connect = append(p.lat.connect, lat(r.OK-n, 0.5)...)
+			p.lat.connect = append(p.lat.connect, lat(n, slowConn)...)
+		}
+		return p
+	}
+	// With the service on the NAPI thread's CPU every request took 2 ms
+	// idle and 8 ms flooded.
+	shared := func(flood bool, rounds ...SynLegitRound) *SynLegitPoint {
+		p := &SynLegitPoint{Defence: slKernel, Placement: placeOwnLink, ServiceCPUs: cpusShared, Flood: flood, Rounds: rounds}
+		v := 2.0
+		if flood {
+			v = 8
+		}
+		for _, r := range rounds {
+			p.lat.request = append(p.lat.request, lat(r.OK, v)...)
+			p.lat.connect = append(p.lat.connect, lat(r.OK, v/2)...)
 		}
 		return p
 	}
@@ -210,6 +228,8 @@ func synLegitFixture() *SynLegitResult {
 		point(slMoat, true,
 			round(1, 400, 400, map[string]uint64{"cookies_issued": 900000, "cookies_accepted": 400, "syns": 900000}),
 			round(2, 400, 400, map[string]uint64{"cookies_issued": 950000, "cookies_accepted": 399, "syns": 950000, "accept_errors": 1})),
+		shared(false, round(1, 400, 400, nil)),
+		shared(true, round(1, 400, 400, map[string]uint64{"SyncookiesSent": 300000, "SyncookiesRecv": 400})),
 	}}
 }
 
@@ -235,28 +255,44 @@ func TestSynLegitSummaries(t *testing.T) {
 	if mFlood.P99ms != 5 || mFlood.IdleP99ms != 1 || mFlood.P99Ratio != 5 {
 		t.Errorf("moat flooded p99 %v, idle %v, ratio %v", mFlood.P99ms, mFlood.IdleP99ms, mFlood.P99Ratio)
 	}
+	if mFlood.ConnectP99ms != 0.9 || mFlood.IdleConnectP99ms != 0.5 || math.Abs(float64(mFlood.ConnectP99Ratio)-1.8) > 1e-9 {
+		t.Errorf("moat flooded connect p99 %v, idle %v, ratio %v", mFlood.ConnectP99ms, mFlood.IdleConnectP99ms, mFlood.ConnectP99Ratio)
+	}
+	// Each flooded point is set against the idle point of its own layout.
+	if kFlood.IdleP99ms != 1 {
+		t.Errorf("kernel flooded, service apart: idle p99 %v, want the apart idle point's 1 ms", kFlood.IdleP99ms)
+	}
+	if sFlood := res.Points[7]; sFlood.P99ms != 8 || sFlood.IdleP99ms != 2 || sFlood.P99Ratio != 4 || sFlood.ConnectP99Ratio != 4 {
+		t.Errorf("kernel flooded, service shared: p99 %v, idle %v, ratio %v, connect ratio %v", sFlood.P99ms, sFlood.IdleP99ms, sFlood.P99Ratio, sFlood.ConnectP99Ratio)
+	}
 	if mFlood.Counters["cookies_accepted"] != 799 || mFlood.Counters["cookies_issued"] != 1850000 {
 		t.Errorf("moat flooded counters: %v", mFlood.Counters)
 	}
 
 	goals := synLegitGoals(res)
-	if len(goals) != 4 {
-		t.Fatalf("%d goals, want 4 (2 per flooded point but the control's): %+v", len(goals), goals)
+	if len(goals) != 9 {
+		t.Fatalf("%d goals, want 9 (3 per flooded point but the control's): %+v", len(goals), goals)
 	}
 	byGoal := map[string]Goal{}
 	for _, g := range goals {
 		byGoal[g.Goal] = g
 	}
-	kSucc := byGoal["kernel, clients on the own link: at least 99.9% of requests answered under the SYN flood"]
-	mSucc := byGoal["moat, clients on the own link: at least 99.9% of requests answered under the SYN flood"]
+	kSucc := byGoal["kernel, clients on the own link, service apart from the NAPI thread: at least 99.9% of requests answered under the SYN flood"]
+	mSucc := byGoal["moat, clients on the own link, service apart from the NAPI thread: at least 99.9% of requests answered under the SYN flood"]
 	if kSucc.Met || !strings.Contains(kSucc.Actual, "99.75% (798 of 800)") {
 		t.Errorf("kernel success goal: %+v", kSucc)
 	}
 	if !mSucc.Met || !strings.Contains(mSucc.Actual, "100.00%") {
 		t.Errorf("moat success goal: %+v", mSucc)
 	}
-	if p := byGoal["moat, clients on the own link: p99 under the SYN flood at most 2x idle"]; p.Met || p.Actual != "5.00x (5.00 ms flooded, 1.00 ms idle)" {
+	if p := byGoal["moat, clients on the own link, service apart from the NAPI thread: p99 of the whole request under the SYN flood at most 2x idle"]; p.Met || p.Actual != "5.00x (5.00 ms flooded, 1.00 ms idle)" {
 		t.Errorf("moat p99 goal: %+v", p)
+	}
+	if p := byGoal["moat, clients on the own link, service apart from the NAPI thread: p99 of the TCP connect under the SYN flood at most 2x idle"]; !p.Met || p.Actual != "1.80x (0.90 ms flooded, 0.50 ms idle)" {
+		t.Errorf("moat connect p99 goal: %+v", p)
+	}
+	if p := byGoal["kernel, clients on the own link, service sharing the NAPI thread's CPU: p99 of the whole request under the SYN flood at most 2x idle"]; p.Met || p.Actual != "4.00x (8.00 ms flooded, 2.00 ms idle)" {
+		t.Errorf("kernel p99 goal, service shared: %+v", p)
 	}
 
 	checks, notes := synLegitChecks(res)
@@ -270,15 +306,18 @@ func TestSynLegitSummaries(t *testing.T) {
 	if len(failed) != 1 || !strings.Contains(failed[0], "moat: the clients' connections completed on moat's cookies (under the flood") {
 		t.Errorf("failed checks: %q", failed)
 	}
-	if len(checks) != 4 {
-		t.Errorf("%d checks, want 4 (moat idle accepts; moat flooded issues and accepts; kernel cookies): %+v", len(checks), checks)
+	if len(checks) != 5 {
+		t.Errorf("%d checks, want 5 (moat idle accepts; moat flooded issues and accepts; kernel cookies in both layouts): %+v", len(checks), checks)
 	}
 	if len(notes) != 1 || !strings.Contains(notes[0], "1 accept errors") {
 		t.Errorf("notes: %q", notes)
 	}
-	floor := synLegitFloorNote(res)
+	floor := synLegitFloorNote(res, cpusApart)
 	if !strings.Contains(floor, "p99 is 5.00 ms under the flood and 1.00 ms idle (5.00x)") || !strings.Contains(floor, "kernel 5.00 ms, moat 5.00 ms") {
 		t.Errorf("control note: %q", floor)
+	}
+	if n := synLegitFloorNote(res, cpusShared); n != "" {
+		t.Errorf("a control note for a layout without controls: %q", n)
 	}
 }
 
@@ -309,10 +348,11 @@ func TestSynReportRendersAndEncodes(t *testing.T) {
 		"| 5.00 (5.00 – 5.00) | 25.0% (25.0% – 25.0%) |",
 		"moat issues at least 8x the kernel's SYN-ACKs per second (separate CPUs) | 5.00x",
 		"## 3. Legitimate connections under a SYN flood",
-		"| own link | kernel | full |", "| 99.75% (798/800) |",
-		"| own link | moat | under the flood | accept_errors 1, cookies_accepted 799, cookies_issued 1850000, syns 1850000 |",
-		"| kernel, clients on the own link: at least 99.9% of requests answered under the SYN flood | 99.75% (798 of 800) | **no** |",
-		"**Note:** moat, clients on the own link: 1 accept errors",
+		"| apart | own link | kernel | full |", "| 99.75% (798/800) |",
+		"| shared | own link | kernel | full |", "| 8.00 | 4.00 | 4.00 | 4.00 |",
+		"| apart | own link | moat | under the flood | accept_errors 1, cookies_accepted 799, cookies_issued 1850000, syns 1850000 |",
+		"| kernel, clients on the own link, service apart from the NAPI thread: at least 99.9% of requests answered under the SYN flood | 99.75% (798 of 800) | **no** |",
+		"**Note:** moat, clients on the own link, service apart from the NAPI thread: 1 accept errors",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md lacks %q", want)
@@ -481,4 +521,25 @@ func tcpOtherCount(t *testing.T, counts *ebpf.Map) uint64 {
 		n += v
 	}
 	return n
+}
+
+func TestSchedulerText(t *testing.T) {
+	none := map[string]string{"CONFIG_HZ": "250", "CONFIG_PREEMPT_NONE": "y", "CONFIG_PREEMPT_DYNAMIC": "y"}
+	for _, tc := range []struct {
+		name    string
+		cfg     map[string]string
+		cmdline string
+		want    string
+	}{
+		{"built none", none, "root=/dev/vda", "HZ=250 (a tick every 4ms), preemption none"},
+		{"dynamic, full on the command line", none, "root=/dev/vda preempt=full quiet", "HZ=250 (a tick every 4ms), preemption full"},
+		{"static full", map[string]string{"CONFIG_HZ": "1000", "CONFIG_PREEMPT": "y"}, "preempt=none", "HZ=1000 (a tick every 1ms), preemption full"},
+		{"no config", nil, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := schedulerText(tc.cfg, tc.cmdline); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
 }
