@@ -348,7 +348,7 @@ func synLegitMarkdown(w *strings.Builder, l *SynLegitResult) {
 		p("- %s.\n", wt)
 	}
 	p("\nRounds: %d; in each, every contender gets an idle point and a flooded point per client placement and service CPUs, the contenders alternating. "+
-		"\"answered\" and the percentiles pool every request of every round (per-round medians in results.json); latency is the whole request (connect, GET, reply), \"connect\" the TCP connect alone; a p99 ratio is the flooded p99 over the same contender's idle p99 with the same clients and service CPUs; "+
+		"\"answered\" and the percentiles pool every request of every round (per-round medians in results.json); latency is the whole request (connect, GET, reply), \"connect\" the TCP connect alone; a p99 ratio is, in each round, the flooded p99 over the same contender's idle p99 of that round with the same clients and service CPUs, and the table and the goals give the median of the rounds' ratios (min – max), so that one round disturbed by other work on the machine does not decide it; "+
 		"\"taken\" is the flood that went into the server's ring, \"SYN-ACKs\" what came back to the attacker per second, \"NAPI thread ran / its CPU idle\" the shares of the point's time the server's NAPI thread was on its CPU and that CPU had nothing to run (results.json also has the share the thread waited behind other tasks). "+
 		"Clients on the attacked link send their SYNs into the same 256-frame veth ring as the flood: whatever finds it full is dropped before any defence sees it, and a lost SYN is retransmitted only after the 1 s the request may take, "+
 		"so their figures measure how fast the server empties the ring, not how well a defence tells users from the flood.\n\n", l.Rounds)
@@ -358,7 +358,7 @@ func synLegitMarkdown(w *strings.Builder, l *SynLegitResult) {
 		if pt.Flood {
 			fl = "full"
 			off, tk, sa = spread(pt.FloodPPS, mpps), spread(pt.Taken, mpps), spread(pt.SynAckPPS, mpps)
-			r, cr = ratio(float64(pt.P99Ratio)), ratio(float64(pt.ConnectP99Ratio))
+			r, cr = spread(pt.P99RatioRounds, ratio), spread(pt.ConnectP99RatioRounds, ratio)
 		}
 		p("| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s (%d/%d) | %s | %s | %s | %s | %s | %s |\n", pt.ServiceCPUs, pt.Placement, pt.Defence, fl, off, tk, sa, pct(pt.NAPIRan.Median), pct(pt.ServerCPUIdle.Median),
 			pct2(float64(pt.Success)), pt.OK, pt.Attempts, ms(float64(pt.P50ms)), ms(float64(pt.P99ms)), r, ms(float64(pt.ConnectP50ms)), ms(float64(pt.ConnectP99ms)), cr)
