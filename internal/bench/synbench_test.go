@@ -315,7 +315,7 @@ func TestSynLegitSummaries(t *testing.T) {
 		t.Errorf("notes: %q", notes)
 	}
 	floor := synLegitFloorNote(res, cpusApart)
-	if !strings.Contains(floor, "p99 is 5.00 ms under the flood and 1.00 ms idle (5.00x)") || !strings.Contains(floor, "kernel 5.00 ms, moat 5.00 ms") {
+	if !strings.Contains(floor, "p99 is 5.00 ms under the flood and 1.00 ms idle (pooled; 5.00x, the median of per-round ratios)") || !strings.Contains(floor, "kernel 5.00 ms, moat 5.00 ms") {
 		t.Errorf("control note: %q", floor)
 	}
 	if n := synLegitFloorNote(res, cpusShared); n != "" {

@@ -551,13 +551,13 @@ func synLegitFloorNote(res *SynLegitResult, cpus string) string {
 	if floor == nil {
 		return ""
 	}
-	note := fmt.Sprintf("controls, %s: with the flood dropped at once (%s), the own-link clients' p99 is %s ms under the flood and %s ms idle (%sx): "+
+	note := fmt.Sprintf("controls, %s: with the flood dropped at once (%s), the own-link clients' p99 is %s ms under the flood and %s ms idle (pooled; %sx, the median of per-round ratios): "+
 		"what the lab itself does to them while the generator and the NAPI thread keep both CPUs busy, whatever the defence. ",
-		serviceCPUsText(cpus), slFloor, ms(float64(floor.P99ms)), ms(float64(floor.IdleP99ms)), ratio(float64(floor.P99Ratio)))
+		serviceCPUsText(cpus), slFloor, ms(float64(floor.P99ms)), ms(float64(floor.IdleP99ms)), ratio(floor.P99RatioRounds.Median))
 	if refl != nil {
 		note += fmt.Sprintf("With every flood SYN sent straight back by XDP_TX and nothing computed (%s, the clients served by the kernel), it is %s ms under the flood and %s ms idle (%sx): "+
 			"what answering the flood at that rate costs the clients here, where the answers land in the attacker's namespace on the server's CPU. ",
-			slReflect, ms(float64(refl.P99ms)), ms(float64(refl.IdleP99ms)), ratio(float64(refl.P99Ratio)))
+			slReflect, ms(float64(refl.P99ms)), ms(float64(refl.IdleP99ms)), ratio(refl.P99RatioRounds.Median))
 	}
 	return note + "Against them, the defences' own-link p99 under the flood: " + strings.Join(others, ", ")
 }
