@@ -132,11 +132,11 @@ func kernelCmdline() string {
 // CPU that a kernel thread keeps busy. A kernel built with dynamic
 // preemption takes the mode from preempt= on its command line.
 func schedulerText(cfg map[string]string, cmdline string) string {
-	hz, err := strconv.Atoi(cfg["CONFIG_HZ"])
-	if err != nil || hz <= 0 {
+	tick := schedulerTick(cfg)
+	if tick == 0 {
 		return ""
 	}
-	s := fmt.Sprintf("HZ=%d (a tick every %s)", hz, time.Second/time.Duration(hz))
+	s := fmt.Sprintf("HZ=%s (a tick every %s)", cfg["CONFIG_HZ"], tick)
 	mode := ""
 	for _, m := range []struct{ key, name string }{
 		{"CONFIG_PREEMPT_NONE", "none"}, {"CONFIG_PREEMPT_VOLUNTARY", "voluntary"},
@@ -159,10 +159,20 @@ func schedulerText(cfg map[string]string, cmdline string) string {
 	return s
 }
 
+// schedulerTick is the scheduler tick of a kernel built with cfg, zero
+// when cfg does not say.
+func schedulerTick(cfg map[string]string) time.Duration {
+	hz, err := strconv.Atoi(cfg["CONFIG_HZ"])
+	if err != nil || hz <= 0 {
+		return 0
+	}
+	return time.Second / time.Duration(hz)
+}
+
 // tickText is how long this kernel's scheduler tick is.
 func tickText() string {
-	if hz, err := strconv.Atoi(kernelConfig()["CONFIG_HZ"]); err == nil && hz > 0 {
-		return (time.Second / time.Duration(hz)).String()
+	if tick := schedulerTick(kernelConfig()); tick != 0 {
+		return tick.String()
 	}
 	return "unknown"
 }
