@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -382,29 +384,53 @@ func (b *Bench) clients(ctx context.Context, pl placement) (latencies, int, erro
 		lat  latencies
 		wg   sync.WaitGroup
 		errs = make([]error, b.cfg.LegitWorkers)
+		// Each worker enters the client's namespace on a thread of its
+		// own, and leaves it again. Neither is a client's work, so none of
+		// it happens while requests are measured: the first request is due
+		// once every worker is ready, and the workers are let go (all at
+		// once, which wakes every one of them) only when the last request
+		// has finished.
+		ready    sync.WaitGroup
+		notIn    atomic.Bool // a worker could not enter the namespace
+		inFlight sync.WaitGroup
 	)
 	target := pl.target.String()
+	ready.Add(b.cfg.LegitWorkers)
 	for w := range b.cfg.LegitWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			entered := false
 			errs[w] = pl.host.Do(func() error {
+				entered = true
+				ready.Done()
 				for due := range slots {
-					if time.Since(due) > legitTimeout || ctx.Err() != nil {
-						continue // the user gave up before a client was free
-					}
-					if total, conn, ok := request(target); ok {
-						mu.Lock()
-						lat.request = append(lat.request, total)
-						lat.connect = append(lat.connect, conn)
-						mu.Unlock()
-					}
+					if time.Since(due) <= legitTimeout && ctx.Err() == nil {
+						if total, conn, ok := request(target); ok {
+							mu.Lock()
+							lat.request = append(lat.request, total)
+							lat.connect = append(lat.connect, conn)
+							mu.Unlock()
+						}
+					} // else the user gave up before a client was free
+					inFlight.Done()
 				}
 				return nil
 			})
+			if !entered {
+				notIn.Store(true)
+				ready.Done()
+			}
 		}()
 	}
+	ready.Wait()
+	if notIn.Load() {
+		close(slots)
+		wg.Wait()
+		return latencies{}, 0, errors.Join(errs...)
+	}
 	start := time.Now()
+	inFlight.Add(offered)
 	for i := range offered {
 		due := start.Add(time.Duration(i) * interval)
 		if wait := time.Until(due); wait > 0 {
@@ -415,6 +441,7 @@ func (b *Bench) clients(ctx context.Context, pl placement) (latencies, int, erro
 		}
 		slots <- due
 	}
+	inFlight.Wait()
 	close(slots)
 	wg.Wait()
 	for _, err := range errs {

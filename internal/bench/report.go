@@ -291,7 +291,7 @@ func synMarkdown(w *strings.Builder, s *SynResult) {
 		p("### %s\n\n%s.\n\n", capitalize(m.Name), capitalize(m.Receive))
 		if m.NAPI != "" {
 			p("NAPI thread: %s. The last columns say how the flood's time went on the server's CPU: the share the NAPI thread ran, the share the CPU was idle "+
-				"(the generator pauses between its calls, about every 200 ms, while the kernel tears down the call's page pool, and the server's ring runs dry), "+
+				"(whenever the server's ring runs dry: a server faster than the generator waits for frames), "+
 				"and the SYN-ACKs per second of the time the CPU was not idle: the server CPU's capacity.\n\n", m.NAPI)
 		}
 		head, cols := "", ""

@@ -7,8 +7,8 @@
 // CPU, far beyond socket-based tools.
 //
 // Counts are exact: each sending thread loads its own program instance with
-// a budget of frames, and the program drops whatever exceeds it, so a run
-// that cilium/ebpf repeats after EINTR cannot send more than asked.
+// a budget of frames, and the program drops whatever exceeds it, so no run
+// can send more than asked, whatever ends it.
 //
 // The package also has the receiving end for tests and measurements: a
 // Counter (frames by kind) and a Dropper (XDP_DROP only).
@@ -73,10 +73,15 @@ type Config struct {
 // to the device (XDP_TX), exactly. A veth peer takes every one of them if
 // it has NAPI (an XDP program or GRO) and a receive queue per sending CPU;
 // with fewer queues, parallel threads can overflow a shared 256-frame ring.
+//
+// Calls counts the kernel calls that sent the frames, over all threads.
+// Each ends in a pause of 20-30ms in which its thread sends nothing: a
+// flood with neither Count nor Rate makes one call per thread.
 type Result struct {
 	Sent    uint64        `json:"sent"`
 	Elapsed time.Duration `json:"elapsed_ns"`
 	PPS     float64       `json:"pps"`
+	Calls   uint64        `json:"calls"`
 }
 
 const (
@@ -85,14 +90,10 @@ const (
 	// and stays well below veth's 256-frame ring, so a receiver on the same
 	// CPU never overflows.
 	liveBatch = 64
-	// Every live PROG_TEST_RUN call of more than one frame costs a fixed
-	// 20-30ms on the 6.18 kernel here (measured; it goes into tearing down
-	// the run's page pool, which looks like an RCU grace period), so calls are sized to last about callTarget: long enough to hide
-	// that cost, short enough to notice Duration and ctx in time. The
-	// first call of a thread is a probe of probeFrames that measures the
-	// rate the next calls are sized by.
-	callTarget  = 200 * time.Millisecond
-	probeFrames = 1 << 14
+	// maxCallRuns is the most frames one call can send (the kernel's
+	// repeat is 32 bits): a flood with neither count nor rate sends them
+	// in a single call that its deadline or its context ends with a
+	// signal (see testrun.go), so it never pauses between calls.
 	maxCallRuns = math.MaxUint32
 	// rateSlice is how much time one call covers under a rate cap.
 	rateSlice = 100 * time.Millisecond
@@ -242,6 +243,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var done sync.WaitGroup
 	sent := make([]uint64, threads)
 	errs := make([]error, threads)
+	workers := make([]*worker, threads)
 	g.ready.Add(threads)
 	done.Add(threads)
 	for i := range threads {
@@ -262,6 +264,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		if cpus != nil {
 			w.cpu = cpus[i%len(cpus)]
 		}
+		workers[i] = w
 		go func() {
 			defer done.Done()
 			sent[i], errs[i] = w.run(ctx, g)
@@ -278,8 +281,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	elapsed := time.Since(t0)
 
 	res := Result{Elapsed: elapsed}
-	for _, n := range sent {
+	for i, n := range sent {
 		res.Sent += n
+		res.Calls += workers[i].calls
 	}
 	if elapsed > 0 {
 		res.PPS = float64(res.Sent) / elapsed.Seconds()
@@ -426,6 +430,7 @@ type worker struct {
 	seqBase, seqStep uint64
 	cpu              int // -1: not pinned
 	background       bool
+	calls            uint64 // kernel calls made, read after the thread ends
 }
 
 // gate holds sending threads until all are ready.
@@ -484,34 +489,25 @@ func (w *worker) run(ctx context.Context, g *gate) (uint64, error) {
 	deadline := g.deadline
 	t0 := time.Now()
 
-	opts := ebpf.RunOptions{
-		Data: w.tmpl.frame,
-		Context: xdpMD{
-			DataEnd:        uint32(len(w.tmpl.frame)),
-			IngressIfindex: uint32(w.ifindex),
-		},
-		BatchSize: liveBatch,
-		Flags:     unix.BPF_F_TEST_XDP_LIVE_FRAMES,
+	// The deadline and the context end the call in progress.
+	it := newInterrupter()
+	defer it.Done()
+	defer context.AfterFunc(ctx, it.Stop)()
+	if !deadline.IsZero() {
+		defer time.AfterFunc(time.Until(deadline), it.Stop).Stop()
 	}
-	var (
-		sent uint64
-		pace float64 // frames per second of whole calls, overhead included
-	)
+
+	md := &xdpMD{DataEnd: uint32(len(w.tmpl.frame)), IngressIfindex: uint32(w.ifindex)}
+	call := &liveRun{progFD: gen.prog.FD(), frame: w.tmpl.frame, md: md}
+	var sent uint64
 	for w.quota == 0 || sent < w.quota {
-		if ctx.Err() != nil || (!deadline.IsZero() && !time.Now().Before(deadline)) {
+		if it.Stopped() || ctx.Err() != nil || (!deadline.IsZero() && !time.Now().Before(deadline)) {
 			break
 		}
-		span := callTarget
-		if !deadline.IsZero() {
-			span = min(span, time.Until(deadline))
-		}
-		frames := uint64(probeFrames)
-		if pace > 0 {
-			frames = uint64(pace * span.Seconds())
-		}
+		frames := uint64(maxCallRuns)
 		if w.rate > 0 {
 			// Send a slice's worth, then wait until the schedule catches up.
-			frames = min(frames, uint64(w.rate*rateSlice.Seconds()))
+			frames = uint64(w.rate * rateSlice.Seconds())
 			due := t0.Add(time.Duration(float64(sent) / w.rate * float64(time.Second)))
 			if wait := time.Until(due); wait > 0 && !sleepCtx(ctx, wait, deadline) {
 				continue // the loop head sees why
@@ -520,21 +516,17 @@ func (w *worker) run(ctx context.Context, g *gate) (uint64, error) {
 		if w.quota != 0 {
 			frames = min(frames, w.quota-sent)
 		}
-		opts.Repeat = uint32(max(1, min(frames, maxCallRuns)))
-		callStart := time.Now()
-		if _, err := gen.prog.Run(&opts); err != nil {
-			return sent, fmt.Errorf("thread %d: run generator: %w", w.index, err)
+		runErr := call.run(uint32(max(1, min(frames, maxCallRuns))), liveBatch)
+		w.calls++
+		if runErr != nil && !errors.Is(runErr, errInterrupted) {
+			return sent, fmt.Errorf("thread %d: run generator: %w", w.index, runErr)
 		}
-		took := time.Since(callStart)
 		now, err := gen.sent()
 		if err != nil {
 			return sent, fmt.Errorf("thread %d: %w", w.index, err)
 		}
-		if now == sent {
+		if now == sent && runErr == nil {
 			return sent, fmt.Errorf("thread %d: generator sent nothing (template rejected)", w.index)
-		}
-		if took > 0 {
-			pace = float64(now-sent) / took.Seconds()
 		}
 		sent = now
 	}

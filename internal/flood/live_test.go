@@ -261,7 +261,29 @@ func TestLiveRateAndDuration(t *testing.T) {
 		t.Errorf("receiver counted %d, Run reports %d", got, res.Sent)
 	}
 
-	// Cancelling the context ends an unlimited flood early, without error.
+	// A duration alone: every thread sends in one kernel call, which the
+	// deadline ends, so the flood never pauses between calls.
+	cfg = base
+	cfg.Duration, cfg.Threads = 300*time.Millisecond, 2
+	before, _ = counter.Counts()
+	res, err = l.flood(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ = counter.Counts()
+	if res.Calls != 2 {
+		t.Errorf("a 300ms flood on 2 threads made %d kernel calls, want 2", res.Calls)
+	}
+	// The call's own teardown (20-30ms) comes after the deadline.
+	if res.Elapsed < 290*time.Millisecond || res.Elapsed > 700*time.Millisecond {
+		t.Errorf("a 300ms flood took %s", res.Elapsed)
+	}
+	if got := after.UDP - before.UDP; res.Sent < 10_000 || got > res.Sent || got < res.Sent*9/10 {
+		t.Errorf("300ms unlimited: sent %d, receiver counted %d", res.Sent, got)
+	}
+
+	// Cancelling the context ends an unlimited flood early, without error,
+	// within the call in progress.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	cfg = base
@@ -269,8 +291,8 @@ func TestLiveRateAndDuration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Sent == 0 || res.Elapsed > time.Second {
-		t.Errorf("cancelled flood: %+v", res)
+	if res.Sent == 0 || res.Calls != 1 || res.Elapsed > 400*time.Millisecond {
+		t.Errorf("flood cancelled after 100ms: %+v, want one call that ends soon after", res)
 	}
 }
 
