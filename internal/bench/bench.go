@@ -192,6 +192,15 @@ func (b *Bench) setup(ctx context.Context) error {
 // kernel refuses a handshake completed on moat's cookie for an MPTCP
 // listener.
 func (b *Bench) startService() error {
+	if err := b.listen(); err != nil {
+		return err
+	}
+	b.onCleanup(func() error { return b.http.Close() })
+	return nil
+}
+
+// listen opens the service's listener and serves it.
+func (b *Bench) listen() error {
 	var ln net.Listener
 	err := b.lab.Server.Do(func() error {
 		var lc net.ListenConfig
@@ -212,8 +221,21 @@ func (b *Bench) startService() error {
 	}
 	b.http.SetKeepAlivesEnabled(false)
 	go b.http.Serve(ln)
-	b.onCleanup(func() error { return b.http.Close() })
 	return nil
+}
+
+// freshService replaces the service's listener with a new one, so that a
+// measurement starts from a listener with empty queues. The kernel, when
+// it meets a SYN flood, fills its listener's SYN queue (4096 half-open
+// connections here) and sends each a SYN-ACK again 1, 3, 7, 15 and 31 s
+// later; those bursts fill the attacked link's ring in the points that
+// come after and cost their requests a retransmission. The requests of a
+// closed listener are dropped at their next timer, unsent.
+func (b *Bench) freshService() error {
+	if err := b.http.Close(); err != nil {
+		return fmt.Errorf("close the service: %w", err)
+	}
+	return b.listen()
 }
 
 // cleanup undoes everything in reverse order; it runs even after a failure

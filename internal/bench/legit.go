@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -36,6 +37,8 @@ type LegitRound struct {
 	OK        int     `json:"ok"`
 	P50ms     float64 `json:"p50_ms"`
 	P99ms     float64 `json:"p99_ms"`
+	// The requests that failed, by why (failureKind).
+	Failures map[string]int `json:"failures,omitempty"`
 }
 
 // LegitPoint is one defence, one client placement and one flood rate over
@@ -182,8 +185,8 @@ func (b *Bench) legit(ctx context.Context) (*LegitResult, error) {
 					}
 					lr.Round = round + 1
 					p.Rounds = append(p.Rounds, lr)
-					b.logf("legit round %d %3.0f%% %-13s %-8s flood %6.3f Mpps offered %6.3f Mpps taken  ok %4d/%4d  p50 %7.2f ms  p99 %7.2f ms",
-						round+1, 100*f, pl.name, d.Name(), lr.FloodPPS/1e6, lr.Delivered/1e6, lr.OK, lr.Attempts, lr.P50ms, lr.P99ms)
+					b.logf("legit round %d %3.0f%% %-13s %-8s flood %6.3f Mpps offered %6.3f Mpps taken  ok %4d/%4d%s  p50 %7.2f ms  p99 %7.2f ms",
+						round+1, 100*f, pl.name, d.Name(), lr.FloodPPS/1e6, lr.Delivered/1e6, lr.OK, lr.Attempts, failedNote(lr.Failures), lr.P50ms, lr.P99ms)
 				}
 			}
 		}
@@ -292,6 +295,9 @@ func (b *Bench) synGeneratorMax(ctx context.Context, fc flood.Config) (Summary, 
 // legitPoint runs the flood at one rate while the clients measure.
 func (b *Bench) legitPoint(ctx context.Context, d receiver, pl placement, fc flood.Config, fraction, target float64) (LegitRound, error) {
 	var lr LegitRound
+	if err := b.freshService(); err != nil {
+		return lr, err
+	}
 	err := withReceiver(ctx, d, func() error {
 		const lead, tail = 300 * time.Millisecond, 200 * time.Millisecond
 		var (
@@ -329,7 +335,7 @@ func (b *Bench) legitPoint(ctx context.Context, d receiver, pl placement, fc flo
 			// The counter also holds the shared-link clients' few frames.
 			lr.Delivered = float64(xmit1-xmit0) / fr.Elapsed.Seconds()
 		}
-		lr.Attempts, lr.OK = attempts, len(lat.request)
+		lr.Attempts, lr.OK, lr.Failures = attempts, len(lat.request), lat.failed
 		lr.P50ms, lr.P99ms = Percentile(lat.request, 50), Percentile(lat.request, 99)
 		return nil
 	})
@@ -361,11 +367,22 @@ func (b *Bench) setThreadedNAPI(ctx context.Context, on bool) error {
 
 // latencies are the durations (ms) of requests that succeeded: the whole
 // request, and its TCP connect alone, in the same order.
-type latencies struct{ request, connect []float64 }
+// latencies are the durations of the requests that succeeded, and the
+// count of those that failed by failureKind.
+type latencies struct {
+	request, connect []float64
+	failed           map[string]int
+}
 
 func (l *latencies) add(m latencies) {
 	l.request = append(l.request, m.request...)
 	l.connect = append(l.connect, m.connect...)
+	for k, n := range m.failed {
+		if l.failed == nil {
+			l.failed = map[string]int{}
+		}
+		l.failed[k] += n
+	}
 }
 
 // clients offers requests at a fixed rate for one window, whether or not
@@ -406,12 +423,18 @@ func (b *Bench) clients(ctx context.Context, pl placement) (latencies, int, erro
 				ready.Done()
 				for due := range slots {
 					if time.Since(due) <= legitTimeout && ctx.Err() == nil {
-						if total, conn, ok := request(target); ok {
-							mu.Lock()
+						total, conn, err := request(target)
+						mu.Lock()
+						if err == nil {
 							lat.request = append(lat.request, total)
 							lat.connect = append(lat.connect, conn)
-							mu.Unlock()
+						} else {
+							if lat.failed == nil {
+								lat.failed = map[string]int{}
+							}
+							lat.failed[failureKind(err)]++
 						}
+						mu.Unlock()
 					} // else the user gave up before a client was free
 					inFlight.Done()
 				}
@@ -453,32 +476,88 @@ func (b *Bench) clients(ctx context.Context, pl placement) (latencies, int, erro
 }
 
 // request makes one HTTP request on a fresh connection and reports its
-// duration and that of its TCP connect, in milliseconds, and whether a
-// complete 200 reply came in time.
-func request(target string) (total, connect float64, ok bool) {
+// duration and that of its TCP connect, in milliseconds, or why it did not
+// get a complete 200 reply in time.
+func request(target string) (total, connect float64, err error) {
 	t0 := time.Now()
 	deadline := t0.Add(legitTimeout)
 	d := net.Dialer{Deadline: deadline}
 	conn, err := d.Dial("tcp4", target)
 	if err != nil {
-		return 0, 0, false
+		return 0, 0, &requestError{"connect", err}
 	}
 	connect = msSince(t0)
 	defer conn.Close()
 	conn.SetDeadline(deadline)
 	if _, err := io.WriteString(conn, "GET / HTTP/1.0\r\nHost: moat-bench\r\n\r\n"); err != nil {
-		return 0, 0, false
+		return 0, 0, &requestError{"send", err}
 	}
 	br := bufio.NewReader(conn)
 	status, err := br.ReadString('\n')
-	if err != nil || !strings.Contains(status, " 200 ") {
-		return 0, 0, false
+	if err != nil {
+		return 0, 0, &requestError{"reply", err}
+	}
+	if !strings.Contains(status, " 200 ") {
+		return 0, 0, &requestError{"reply", errNot200}
 	}
 	body, err := io.ReadAll(br)
-	if err != nil || !strings.Contains(string(body), "moat bench: ok") {
-		return 0, 0, false
+	if err != nil {
+		return 0, 0, &requestError{"reply", err}
 	}
-	return msSince(t0), connect, true
+	if !strings.Contains(string(body), "moat bench: ok") {
+		return 0, 0, &requestError{"reply", errWrongBody}
+	}
+	return msSince(t0), connect, nil
+}
+
+var (
+	errNot200    = errors.New("status not 200")
+	errWrongBody = errors.New("wrong body")
+)
+
+// requestError is a request that failed at one step: connect, send or
+// reply.
+type requestError struct {
+	step string
+	err  error
+}
+
+func (e *requestError) Error() string { return e.step + ": " + e.err.Error() }
+func (e *requestError) Unwrap() error { return e.err }
+
+// isTimeout reports a network error that says it is a timeout, as a dial
+// past its deadline does.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// failureKind names why a request failed in a few words, the same for
+// every failure alike, so that failures can be counted by kind.
+func failureKind(err error) string {
+	step := "request"
+	var re *requestError
+	if errors.As(err, &re) {
+		step = re.step
+	}
+	var why string
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+		why = "timed out"
+	case errors.Is(err, unix.ECONNREFUSED):
+		why = "refused"
+	case errors.Is(err, unix.ECONNRESET):
+		why = "reset"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		why = "closed early"
+	case errors.Is(err, errNot200):
+		why = "status not 200"
+	case errors.Is(err, errWrongBody):
+		why = "wrong body"
+	default:
+		why = "other error"
+	}
+	return step + " " + why
 }
 
 // msSince is the time since t0 in milliseconds.

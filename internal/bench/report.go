@@ -363,9 +363,10 @@ func synLegitMarkdown(w *strings.Builder, l *SynLegitResult) {
 		p("| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s (%d/%d) | %s | %s | %s | %s | %s | %s |\n", pt.ServiceCPUs, pt.Placement, pt.Defence, fl, off, tk, sa, pct(pt.NAPIRan.Median), pct(pt.ServerCPUIdle.Median),
 			pct2(float64(pt.Success)), pt.OK, pt.Attempts, ms(float64(pt.P50ms)), ms(float64(pt.P99ms)), r, ms(float64(pt.ConnectP50ms)), ms(float64(pt.ConnectP99ms)), cr)
 	}
-	p("\nThe defences' own counters, summed over the rounds:\n\n| service CPUs | clients | defence | flood | counters |\n|---|---|---|---|---|\n")
+	p("\nThe defences' own counters, and why requests failed, summed over the rounds (a request fails when no complete reply comes within %s: a SYN lost at the server's full ring is sent again only after a second):\n\n"+
+		"| service CPUs | clients | defence | flood | counters | failed requests |\n|---|---|---|---|---|---|\n", legitTimeout)
 	for _, pt := range l.Points {
-		p("| %s | %s | %s | %s | %s |\n", pt.ServiceCPUs, pt.Placement, pt.Defence, floodWord(pt.Flood), countersText(pt.Counters))
+		p("| %s | %s | %s | %s | %s | %s |\n", pt.ServiceCPUs, pt.Placement, pt.Defence, floodWord(pt.Flood), countersText(pt.Counters), failuresText(pt.Failures))
 	}
 	p("\n")
 	if len(l.Checks) > 0 {
@@ -395,6 +396,28 @@ func countersText(c map[string]uint64) string {
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s %d", k, c[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// failuresText lists failed requests by kind, most first, or says none.
+func failuresText(f map[string]int) string {
+	if len(f) == 0 {
+		return "none"
+	}
+	kinds := make([]string, 0, len(f))
+	for k := range f {
+		kinds = append(kinds, k)
+	}
+	slices.SortFunc(kinds, func(a, b string) int {
+		if c := f[b] - f[a]; c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s %d", k, f[k])
 	}
 	return strings.Join(parts, ", ")
 }

@@ -217,6 +217,10 @@ func synLegitFixture() *SynLegitResult {
 	round := func(n, attempts, ok int, counters map[string]uint64) SynLegitRound {
 		return SynLegitRound{Round: n, Attempts: attempts, OK: ok, P50ms: 1, FloodPPS: 4e6, Taken: 5e5, SynAckPPS: 5e5, Counters: counters}
 	}
+	withFailures := func(r SynLegitRound, f map[string]int) SynLegitRound {
+		r.Failures = f
+		return r
+	}
 	return &SynLegitResult{Rounds: 2, Points: []*SynLegitPoint{
 		point(slFloor, false, round(1, 400, 400, nil), round(2, 400, 400, nil)),
 		point(slFloor, true, round(1, 400, 400, map[string]uint64{"xdp_drops": 9000000}), round(2, 400, 400, nil)),
@@ -225,7 +229,7 @@ func synLegitFixture() *SynLegitResult {
 			round(1, 400, 400, map[string]uint64{"cookies_issued": 400, "cookies_accepted": 400}),
 			round(2, 400, 400, map[string]uint64{"cookies_issued": 400, "cookies_accepted": 400})),
 		point(slKernel, true,
-			round(1, 400, 398, map[string]uint64{"SyncookiesSent": 300000, "SyncookiesRecv": 398}),
+			withFailures(round(1, 400, 398, map[string]uint64{"SyncookiesSent": 300000, "SyncookiesRecv": 398}), map[string]int{"reply reset": 1, "connect timed out": 1}),
 			round(2, 400, 400, map[string]uint64{"SyncookiesSent": 310000, "SyncookiesRecv": 400})),
 		point(slMoat, true,
 			round(1, 400, 400, map[string]uint64{"cookies_issued": 900000, "cookies_accepted": 400, "syns": 900000}),
@@ -386,7 +390,8 @@ func TestSynReportRendersAndEncodes(t *testing.T) {
 		"## 3. Legitimate connections under a SYN flood",
 		"| apart | own link | kernel | full |", "| 99.75% (798/800) |",
 		"| shared | own link | kernel | full |", "| 8.00 | 8.00 | 4.00 (4.00 – 4.00) | 4.00 | 4.00 | 4.00 (4.00 – 4.00) |",
-		"| apart | own link | moat | under the flood | accept_errors 1, cookies_accepted 799, cookies_issued 1850000, syns 1850000 |",
+		"| apart | own link | moat | under the flood | accept_errors 1, cookies_accepted 799, cookies_issued 1850000, syns 1850000 | none |",
+		"| apart | own link | kernel | under the flood | SyncookiesRecv 798, SyncookiesSent 610000 | connect timed out 1, reply reset 1 |",
 		"| kernel, clients on the own link, service apart from the NAPI thread: at least 99.9% of requests answered under the SYN flood | 99.75% (798 of 800) | **no** |",
 		"**Note:** moat, clients on the own link, service apart from the NAPI thread: 1 accept errors",
 	} {
@@ -400,6 +405,9 @@ func TestSynReportRendersAndEncodes(t *testing.T) {
 	js, err := json.Marshal(r)
 	if err != nil {
 		t.Fatalf("results.json: %v", err)
+	}
+	if !strings.Contains(string(js), `"failures":{"connect timed out":1,"reply reset":1}`) {
+		t.Errorf("the kernel's failed requests in JSON: %s", js)
 	}
 	// An invalid run's ratio is NaN, written as null.
 	if !strings.Contains(string(js), `"synack_ratio_to_kernel":{"median":5,"min":5,"max":5,"values":[5,null]}`) {

@@ -233,6 +233,9 @@ func (b *Bench) synModeRound(ctx context.Context, m *synMode, round int, defence
 // synRun floods one defence once.
 func (b *Bench) synRun(ctx context.Context, d synDefence, counter *flood.Counter, fc flood.Config, pin *pinnedNAPI) (SynRun, error) {
 	var run SynRun
+	if err := b.freshService(); err != nil {
+		return run, err
+	}
 	err := withReceiver(ctx, d, func() error {
 		if err := pin.check(); err != nil {
 			return err

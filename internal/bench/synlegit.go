@@ -72,6 +72,8 @@ type SynLegitRound struct {
 	// The TCP connect alone, of the requests answered.
 	ConnectP50ms jsonNum `json:"connect_p50_ms"`
 	ConnectP99ms jsonNum `json:"connect_p99_ms"`
+	// The requests that failed, by why (failureKind).
+	Failures map[string]int `json:"failures,omitempty"`
 	// The defence's own counters over the point (differences).
 	Counters map[string]uint64 `json:"counters"`
 	// How the point's time went on the server's NAPI CPU.
@@ -114,7 +116,8 @@ type SynLegitPoint struct {
 	SynAckPPS     Summary           `json:"synacks_at_attacker_pps"`
 	NAPIRan       Summary           `json:"napi_thread_ran"`
 	ServerCPUIdle Summary           `json:"server_cpu_idle"`
-	Counters      map[string]uint64 `json:"counters"` // summed over the rounds
+	Counters      map[string]uint64 `json:"counters"`           // summed over the rounds
+	Failures      map[string]int    `json:"failures,omitempty"` // summed over the rounds
 
 	lat latencies // every round's, for the pooled percentiles
 }
@@ -275,8 +278,8 @@ func (b *Bench) synLegit(ctx context.Context) (res *SynLegitResult, err error) {
 							r.Round = round + 1
 							p.Rounds = append(p.Rounds, r)
 							p.lat.add(lat)
-							b.logf("synlegit round %d %-6s %-13s %-11s flood %-5t %6.3f Mpps sent %6.3f Mpps taken %6.3f Mpps SYN-ACK (NAPI thread ran %3.0f%% waited %3.0f%%, its CPU idle %3.0f%%)  ok %4d/%4d  p50 %7.2f ms  p99 %7.2f ms  connect p99 %7.2f ms  %s",
-								round+1, cpus, pl.name, d.Name(), fl, r.FloodPPS/1e6, r.Taken/1e6, r.SynAckPPS/1e6, 100*r.NAPI.Ran, 100*r.NAPI.Waited, 100*r.NAPI.CPUIdle, r.OK, r.Attempts, float64(r.P50ms), float64(r.P99ms), float64(r.ConnectP99ms), countersText(r.Counters))
+							b.logf("synlegit round %d %-6s %-13s %-11s flood %-5t %6.3f Mpps sent %6.3f Mpps taken %6.3f Mpps SYN-ACK (NAPI thread ran %3.0f%% waited %3.0f%%, its CPU idle %3.0f%%)  ok %4d/%4d%s  p50 %7.2f ms  p99 %7.2f ms  connect p99 %7.2f ms  %s",
+								round+1, cpus, pl.name, d.Name(), fl, r.FloodPPS/1e6, r.Taken/1e6, r.SynAckPPS/1e6, 100*r.NAPI.Ran, 100*r.NAPI.Waited, 100*r.NAPI.CPUIdle, r.OK, r.Attempts, failedNote(r.Failures), float64(r.P50ms), float64(r.P99ms), float64(r.ConnectP99ms), countersText(r.Counters))
 						}
 					}
 				}
@@ -288,6 +291,14 @@ func (b *Bench) synLegit(ctx context.Context) (res *SynLegitResult, err error) {
 		}
 	}
 	return res, nil
+}
+
+// failedNote is " (failed: ...)" for a point with failed requests, else "".
+func failedNote(f map[string]int) string {
+	if len(f) == 0 {
+		return ""
+	}
+	return " (failed: " + failuresText(f) + ")"
 }
 
 // withServiceCPUs runs fn with the bench's threads in the layout cpus:
@@ -312,6 +323,9 @@ func (b *Bench) synLegitPoint(ctx context.Context, d synLegitDefence, pl placeme
 		r   SynLegitRound
 		lat latencies
 	)
+	if err := b.freshService(); err != nil {
+		return r, lat, err
+	}
 	err := withReceiver(ctx, d, func() error {
 		if err := pin.check(); err != nil {
 			return err
@@ -383,7 +397,7 @@ func (b *Bench) synLegitPoint(ctx context.Context, d synLegitDefence, pl placeme
 			r.Taken = float64(x1-x0) / secs
 			r.SynAckPPS = float64(s1-s0) / secs
 		}
-		r.Attempts, r.OK = attempts, len(lat.request)
+		r.Attempts, r.OK, r.Failures = attempts, len(lat.request), lat.failed
 		r.P50ms, r.P99ms = jsonNum(Percentile(lat.request, 50)), jsonNum(Percentile(lat.request, 99))
 		r.ConnectP50ms, r.ConnectP99ms = jsonNum(Percentile(lat.connect, 50)), jsonNum(Percentile(lat.connect, 99))
 		return nil
@@ -408,6 +422,7 @@ func summarizeSynLegit(res *SynLegitResult) {
 		var ok, p99, fl, tk, sa, ran, idle []float64
 		p.Attempts, p.OK = 0, 0
 		p.Counters = map[string]uint64{}
+		p.Failures = nil
 		for _, r := range p.Rounds {
 			p.Attempts += r.Attempts
 			p.OK += r.OK
@@ -417,6 +432,12 @@ func summarizeSynLegit(res *SynLegitResult) {
 			ran, idle = append(ran, r.NAPI.Ran), append(idle, r.NAPI.CPUIdle)
 			for k, v := range r.Counters {
 				p.Counters[k] += v
+			}
+			for k, n := range r.Failures {
+				if p.Failures == nil {
+					p.Failures = map[string]int{}
+				}
+				p.Failures[k] += n
 			}
 		}
 		p.Success = jsonNum(math.NaN())
