@@ -365,10 +365,9 @@ func (b *Bench) setThreadedNAPI(ctx context.Context, on bool) error {
 	return nil
 }
 
-// latencies are the durations (ms) of requests that succeeded: the whole
-// request, and its TCP connect alone, in the same order.
-// latencies are the durations of the requests that succeeded, and the
-// count of those that failed by failureKind.
+// latencies are the durations (ms) of the requests that succeeded (the
+// whole request, and its TCP connect alone, in the same order) and the
+// count of those that failed, by failureKind.
 type latencies struct {
 	request, connect []float64
 	failed           map[string]int
@@ -393,6 +392,9 @@ func (l *latencies) add(m latencies) {
 // their sockets are made there; a request that no goroutine could start
 // within the timeout counts as failed.
 func (b *Bench) clients(ctx context.Context, pl placement) (latencies, int, error) {
+	if b.cfg.LegitWorkers < 1 || b.cfg.LegitRate < 1 {
+		return latencies{}, 0, fmt.Errorf("clients need at least one worker and one request per second (have %d, %d)", b.cfg.LegitWorkers, b.cfg.LegitRate)
+	}
 	interval := time.Second / time.Duration(b.cfg.LegitRate)
 	offered := int(b.cfg.LegitWindow / interval)
 	slots := make(chan time.Time, offered)

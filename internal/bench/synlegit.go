@@ -317,6 +317,11 @@ func withServiceCPUs(cpus string, gen int, fn func() error) error {
 // synLegitLead is how long the flood runs before the clients start.
 const synLegitLead = 300 * time.Millisecond
 
+// clientsReady is more than the clients' workers take to get ready before
+// the first request (a few milliseconds), so that a flood timed from its
+// own start still outlasts the last request.
+const clientsReady = 100 * time.Millisecond
+
 // synLegitPoint measures the clients once, with or without the flood.
 func (b *Bench) synLegitPoint(ctx context.Context, d synLegitDefence, pl placement, flooding bool, sink *attackerSink, pin *pinnedNAPI) (SynLegitRound, latencies, error) {
 	var (
@@ -358,7 +363,7 @@ func (b *Bench) synLegitPoint(ctx context.Context, d synLegitDefence, pl placeme
 			// full speed on the CPU time the lab's clients and service
 			// leave, not on a share taken from them.
 			fc := flood.Config{Kind: flood.KindSYN, Sources: synSources, DstPort: servicePort,
-				Duration: synLegitLead + b.cfg.LegitWindow + legitTimeout, Background: true}
+				Duration: synLegitLead + clientsReady + b.cfg.LegitWindow + legitTimeout, Background: true}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

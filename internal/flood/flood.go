@@ -75,8 +75,10 @@ type Config struct {
 // with fewer queues, parallel threads can overflow a shared 256-frame ring.
 //
 // Calls counts the kernel calls that sent the frames, over all threads.
-// Each ends in a pause of 20-30ms in which its thread sends nothing: a
-// flood with neither Count nor Rate makes one call per thread.
+// Each ends in a pause of 20-30ms in which its thread sends nothing. A
+// thread makes one call unless a Rate splits its flood into slices, or it
+// sends more than 2^32 frames; a signal that reaches the thread for
+// another reason ends a call early and adds one.
 type Result struct {
 	Sent    uint64        `json:"sent"`
 	Elapsed time.Duration `json:"elapsed_ns"`
@@ -91,9 +93,10 @@ const (
 	// CPU never overflows.
 	liveBatch = 64
 	// maxCallRuns is the most frames one call can send (the kernel's
-	// repeat is 32 bits): a flood with neither count nor rate sends them
-	// in a single call that its deadline or its context ends with a
-	// signal (see testrun.go), so it never pauses between calls.
+	// repeat is 32 bits). A flood without a rate sends its count, or
+	// until its deadline or its context ends the call with a signal (see
+	// testrun.go), in one call per thread, so it does not pause between
+	// calls.
 	maxCallRuns = math.MaxUint32
 	// rateSlice is how much time one call covers under a rate cap.
 	rateSlice = 100 * time.Millisecond
@@ -525,7 +528,9 @@ func (w *worker) run(ctx context.Context, g *gate) (uint64, error) {
 		if err != nil {
 			return sent, fmt.Errorf("thread %d: %w", w.index, err)
 		}
-		if now == sent && runErr == nil {
+		// The kernel runs a batch before it looks for a signal, so a call
+		// that sent nothing, interrupted or not, had its template refused.
+		if now == sent {
 			return sent, fmt.Errorf("thread %d: generator sent nothing (template rejected)", w.index)
 		}
 		sent = now

@@ -21,29 +21,34 @@ import (
 // times a second, and a real one does not.
 
 // testRunAttr is the test member of the kernel's union bpf_attr (uapi
-// <linux/bpf.h>) as BPF_PROG_TEST_RUN reads it.
+// <linux/bpf.h>) as BPF_PROG_TEST_RUN reads it. The kernel's __aligned_u64
+// addresses are unsafe.Pointer here (8 bytes on the 64-bit machines this
+// runs on), so that the Go runtime sees the buffers they point to.
 type testRunAttr struct {
 	progFD      uint32
 	retval      uint32
 	dataSizeIn  uint32
 	dataSizeOut uint32
-	dataIn      uint64
-	dataOut     uint64
+	dataIn      unsafe.Pointer
+	dataOut     unsafe.Pointer
 	repeat      uint32
 	duration    uint32
 	ctxSizeIn   uint32
 	ctxSizeOut  uint32
-	ctxIn       uint64
-	ctxOut      uint64
+	ctxIn       unsafe.Pointer
+	ctxOut      unsafe.Pointer
 	flags       uint32
 	cpu         uint32
 	batchSize   uint32
 	_           uint32
 }
 
+// The kernel reads 80 bytes; a layout that differs would be read wrong.
+var _ [80 - unsafe.Sizeof(testRunAttr{})]struct{}
+var _ [unsafe.Sizeof(testRunAttr{}) - 80]struct{}
+
 // liveRun is one live-frames run of a program: frame is the template the
 // kernel copies into every frame, md the struct xdp_md that goes with it.
-// Both stay on the heap for the run's lifetime.
 type liveRun struct {
 	progFD int
 	frame  []byte
@@ -60,17 +65,15 @@ func (r *liveRun) run(frames uint32, batch uint32) error {
 	attr := testRunAttr{
 		progFD:     uint32(r.progFD),
 		dataSizeIn: uint32(len(r.frame)),
-		dataIn:     uint64(uintptr(unsafe.Pointer(&r.frame[0]))),
+		dataIn:     unsafe.Pointer(&r.frame[0]),
 		repeat:     frames,
 		ctxSizeIn:  uint32(unsafe.Sizeof(*r.md)),
-		ctxIn:      uint64(uintptr(unsafe.Pointer(r.md))),
+		ctxIn:      unsafe.Pointer(r.md),
 		flags:      unix.BPF_F_TEST_XDP_LIVE_FRAMES,
 		batchSize:  batch,
 	}
 	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
-	runtime.KeepAlive(r)
-	runtime.KeepAlive(r.frame)
-	runtime.KeepAlive(r.md)
+	runtime.KeepAlive(&attr)
 	switch errno {
 	case 0:
 		return nil
