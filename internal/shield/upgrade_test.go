@@ -392,3 +392,54 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 		t.Errorf("after replacing the filter, older filter %q still named", s.SynOlderFilter)
 	}
 }
+
+// TestOpenRefusesSynCountersItCannotCarry: pinned syn_counters whose
+// values are too small to hold the counters cannot be taken over. Open
+// says so and changes nothing: the old map stays pinned, and no half-made
+// replacement is left beside it.
+func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	counters := s.Map(datapath.MoatMapSynCounters)
+	const tooSmall = 16
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: tooSmall, MaxEntries: counters.MaxEntries()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	olderInfo, err := older.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	olderID, _ := olderInfo.ID()
+	pin := filepath.Join(root, "maps", datapath.MoatMapSynCounters)
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	if s, err := shield.Open(root); err == nil {
+		s.Close()
+		t.Fatal("open with syn_counters values of 16 bytes succeeded")
+	} else if !strings.Contains(err.Error(), "syn_counters") || !strings.Contains(err.Error(), "hold no counters") {
+		t.Errorf("error %q does not say which map and why", err)
+	}
+	still, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		t.Fatalf("the old map's pin: %v", err)
+	}
+	defer still.Close()
+	info, err := still.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := info.ID(); id != olderID || still.ValueSize() != tooSmall {
+		t.Errorf("pinned syn_counters is map %d with %d-byte values, want the old map %d", id, still.ValueSize(), olderID)
+	}
+	if _, err := os.Stat(pin + "-new"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a replacement was left pinned beside the old map: %v", err)
+	}
+}
