@@ -2,11 +2,13 @@ package syncookie
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -469,4 +471,67 @@ func (s *shielded) timeWaitOn(t *testing.T, port uint16) bool {
 		}
 	}
 	return false
+}
+
+// TestCensusReportsFailuresOnce: of the passes Start takes in the
+// background, report hears of the first that fails, with its error, and of
+// the first that works again, with the pass it took; of none in between,
+// and of none while passes keep working.
+func TestCensusReportsFailuresOnce(t *testing.T) {
+	objs := loadObjects(t)
+	c, err := NewCensus(objs.MoatSynCensus, objs.SynCensus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fail := errors.New("the namespace is gone")
+	var (
+		mu      sync.Mutex
+		calls   int
+		reports []error
+		passes  []CensusPass
+	)
+	// Start's own two passes are calls 1 and 2; calls 3 to 5 fail.
+	in := func(f func() error) error {
+		mu.Lock()
+		calls++
+		n := calls
+		mu.Unlock()
+		if n >= 3 && n <= 5 {
+			return fail
+		}
+		return f()
+	}
+	report := func(p CensusPass, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		reports, passes = append(reports, err), append(passes, p)
+	}
+	stop, err := c.Start(5*time.Millisecond, in, report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		n := calls
+		mu.Unlock()
+		if n >= 10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("only %d passes in 5s", n)
+		}
+	}
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reports) != 2 || !errors.Is(reports[0], fail) || reports[1] != nil {
+		t.Fatalf("reports %v, want the failure once, then nil once", reports)
+	}
+	// Passes 1, 2 and 6 raised the generation: the one that works again
+	// is the third.
+	if passes[1].Generation != 3 {
+		t.Errorf("the pass that worked again is generation %d, want 3", passes[1].Generation)
+	}
 }
