@@ -335,13 +335,7 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 	if err := older.Update(slot, vals, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
-	pin := filepath.Join(root, "maps", datapath.MoatMapSynCounters)
-	if err := os.Remove(pin); err != nil {
-		t.Fatal(err)
-	}
-	if err := older.Pin(pin); err != nil {
-		t.Fatal(err)
-	}
+	pinInstead(t, root, datapath.MoatMapSynCounters, older)
 	s.Close()
 
 	ncpu := uint64(ebpf.MustPossibleCPU())
@@ -412,13 +406,7 @@ func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
 		t.Fatal(err)
 	}
 	olderID, _ := olderInfo.ID()
-	pin := filepath.Join(root, "maps", datapath.MoatMapSynCounters)
-	if err := os.Remove(pin); err != nil {
-		t.Fatal(err)
-	}
-	if err := older.Pin(pin); err != nil {
-		t.Fatal(err)
-	}
+	pin := pinInstead(t, root, datapath.MoatMapSynCounters, older)
 	s.Close()
 
 	if s, err := shield.Open(root); err == nil {
@@ -442,4 +430,18 @@ func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
 	if _, err := os.Stat(pin + "-new"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a replacement was left pinned beside the old map: %v", err)
 	}
+}
+
+// pinInstead pins m where the state under root pins the shared map name,
+// as an older moat would have left it, and returns the pin's path.
+func pinInstead(t *testing.T, root, name string, m *ebpf.Map) string {
+	t.Helper()
+	pin := filepath.Join(root, "maps", name)
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	return pin
 }
