@@ -253,8 +253,8 @@ int flood_gen(struct xdp_md *ctx)
 	__u32 len;
 	int err;
 
-	/* Past the budget, frames are dropped rather than sent: a run that the
-	 * loader repeats after EINTR cannot overshoot an exact count. */
+	/* Past the budget, frames are dropped rather than sent: however a run
+	 * ends or is repeated, it cannot overshoot an exact count. */
 	if (sent >= budget)
 		return XDP_DROP;
 
