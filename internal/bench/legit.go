@@ -54,6 +54,8 @@ type LegitPoint struct {
 	Success   Summary      `json:"success"` // fraction of requests answered in time
 	P50ms     Summary      `json:"p50_ms"`
 	P99ms     Summary      `json:"p99_ms"`
+	// The requests that failed, by why, summed over the rounds.
+	Failures map[string]int `json:"failures,omitempty"`
 }
 
 // LegitResult is the legitimate-service comparison.
@@ -162,18 +164,7 @@ func (b *Bench) legit(ctx context.Context) (*LegitResult, error) {
 		}
 	}
 	// Whatever ends the rounds, what was measured is summarised.
-	defer func() {
-		for _, p := range res.Points {
-			var fl, dl, ok, p50, p99 []float64
-			for _, r := range p.Rounds {
-				fl, dl = append(fl, r.FloodPPS), append(dl, r.Delivered)
-				ok = append(ok, float64(r.OK)/float64(max(r.Attempts, 1)))
-				p50, p99 = append(p50, r.P50ms), append(p99, r.P99ms)
-			}
-			p.FloodPPS, p.Delivered = Summarize(fl), Summarize(dl)
-			p.Success, p.P50ms, p.P99ms = Summarize(ok), Summarize(p50), Summarize(p99)
-		}
-	}()
+	defer summarizeLegit(res)
 	for round := range b.cfg.LegitRounds {
 		for i, f := range b.cfg.LegitRates {
 			for j, pl := range places {
@@ -340,6 +331,27 @@ func (b *Bench) legitPoint(ctx context.Context, d receiver, pl placement, fc flo
 		return nil
 	})
 	return lr, err
+}
+
+// summarizeLegit fills every point's summaries from its rounds.
+func summarizeLegit(res *LegitResult) {
+	for _, p := range res.Points {
+		var fl, dl, ok, p50, p99 []float64
+		p.Failures = nil
+		for _, r := range p.Rounds {
+			fl, dl = append(fl, r.FloodPPS), append(dl, r.Delivered)
+			ok = append(ok, float64(r.OK)/float64(max(r.Attempts, 1)))
+			p50, p99 = append(p50, r.P50ms), append(p99, r.P99ms)
+			for k, n := range r.Failures {
+				if p.Failures == nil {
+					p.Failures = map[string]int{}
+				}
+				p.Failures[k] += n
+			}
+		}
+		p.FloodPPS, p.Delivered = Summarize(fl), Summarize(dl)
+		p.Success, p.P50ms, p.P99ms = Summarize(ok), Summarize(p50), Summarize(p99)
+	}
 }
 
 // floodDelivered counts the frames the attacker's veth handed to the

@@ -445,7 +445,7 @@ func legitMarkdown(w *strings.Builder, l *LegitResult) {
 	p("\"offered\" is what the generator sent, \"taken\" what fitted in the server's receive ring; the rest was dropped at the full ring before any filter saw it. " +
 		"How to read it: the flood is taken in by a kernel thread that the scheduler shares fairly with the service, so the flood cannot starve the service of CPU the way softirq processing on a real NIC can; " +
 		"what a defence changes here is how much of the flood the server gets through (\"taken\"), and, for clients on the attacked link, how often their own frames find the ring full.\n\n")
-	p("| clients | flood | defence | offered (Mpps) | taken (Mpps) | requests answered | p50 (ms) | p99 (ms) |\n|---|---|---|---|---|---|---|---|\n")
+	p("| clients | flood | defence | offered (Mpps) | taken (Mpps) | requests answered | p50 (ms) | p99 (ms) | failed requests, all rounds |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, pt := range l.Points {
 		rate := "none"
 		switch {
@@ -454,8 +454,8 @@ func legitMarkdown(w *strings.Builder, l *LegitResult) {
 		case pt.Fraction > 0:
 			rate = fmt.Sprintf("%.0f%% (%s Mpps)", 100*pt.Fraction, mpps(pt.TargetPPS))
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", pt.Placement, rate, pt.Defence, spread(pt.FloodPPS, mpps), spread(pt.Delivered, mpps),
-			spread(pt.Success, pct), spread(pt.P50ms, ms), spread(pt.P99ms, ms))
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", pt.Placement, rate, pt.Defence, spread(pt.FloodPPS, mpps), spread(pt.Delivered, mpps),
+			spread(pt.Success, pct), spread(pt.P50ms, ms), spread(pt.P99ms, ms), failuresText(pt.Failures))
 	}
 	p("\n")
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -118,5 +119,37 @@ func TestFailuresText(t *testing.T) {
 	}
 	if got := failedNote(nil); got != "" {
 		t.Errorf("failedNote of none: %q", got)
+	}
+}
+
+// TestLegitReportCountsFailures: the denied-flood comparison sums each
+// point's failed requests over its rounds and shows them in its table.
+func TestLegitReportCountsFailures(t *testing.T) {
+	res := &LegitResult{Points: []*LegitPoint{
+		{Defence: "kernel", Placement: placeSharedLink, Fraction: 1, Rounds: []LegitRound{
+			{Round: 1, Attempts: 400, OK: 390, P50ms: 1, P99ms: 9, Failures: map[string]int{"connect timed out": 10}},
+			{Round: 2, Attempts: 400, OK: 395, P50ms: 1, P99ms: 8, Failures: map[string]int{"connect timed out": 4, "reply reset": 1}},
+		}},
+		{Defence: "moat", Placement: placeSharedLink, Fraction: 1, Rounds: []LegitRound{
+			{Round: 1, Attempts: 400, OK: 400, P50ms: 1, P99ms: 2},
+		}},
+	}}
+	summarizeLegit(res)
+	if got := res.Points[0].Failures; got["connect timed out"] != 14 || got["reply reset"] != 1 || len(got) != 2 {
+		t.Errorf("kernel's failures summed: %v", got)
+	}
+	if res.Points[1].Failures != nil {
+		t.Errorf("moat's failures: %v, want none", res.Points[1].Failures)
+	}
+	var md strings.Builder
+	legitMarkdown(&md, res)
+	for _, want := range []string{
+		"| failed requests, all rounds |",
+		"| kernel | ", "| connect timed out 14, reply reset 1 |",
+		"| moat | ", "| none |",
+	} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("section 4 lacks %q:\n%s", want, md.String())
+		}
 	}
 }
