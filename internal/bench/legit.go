@@ -342,12 +342,7 @@ func summarizeLegit(res *LegitResult) {
 			fl, dl = append(fl, r.FloodPPS), append(dl, r.Delivered)
 			ok = append(ok, float64(r.OK)/float64(max(r.Attempts, 1)))
 			p50, p99 = append(p50, r.P50ms), append(p99, r.P99ms)
-			for k, n := range r.Failures {
-				if p.Failures == nil {
-					p.Failures = map[string]int{}
-				}
-				p.Failures[k] += n
-			}
+			p.Failures = addFailures(p.Failures, r.Failures)
 		}
 		p.FloodPPS, p.Delivered = Summarize(fl), Summarize(dl)
 		p.Success, p.P50ms, p.P99ms = Summarize(ok), Summarize(p50), Summarize(p99)
@@ -388,12 +383,19 @@ type latencies struct {
 func (l *latencies) add(m latencies) {
 	l.request = append(l.request, m.request...)
 	l.connect = append(l.connect, m.connect...)
-	for k, n := range m.failed {
-		if l.failed == nil {
-			l.failed = map[string]int{}
+	l.failed = addFailures(l.failed, m.failed)
+}
+
+// addFailures adds the counts of failed requests in from to into, which
+// it makes when there is something to add, and returns into.
+func addFailures(into, from map[string]int) map[string]int {
+	for k, n := range from {
+		if into == nil {
+			into = map[string]int{}
 		}
-		l.failed[k] += n
+		into[k] += n
 	}
+	return into
 }
 
 // clients offers requests at a fixed rate for one window, whether or not
@@ -443,10 +445,7 @@ func (b *Bench) clients(ctx context.Context, pl placement) (latencies, int, erro
 							lat.request = append(lat.request, total)
 							lat.connect = append(lat.connect, conn)
 						} else {
-							if lat.failed == nil {
-								lat.failed = map[string]int{}
-							}
-							lat.failed[failureKind(err)]++
+							lat.failed = addFailures(lat.failed, map[string]int{failureKind(err): 1})
 						}
 						mu.Unlock()
 					} // else the user gave up before a client was free

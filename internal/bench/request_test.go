@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"io"
 	"net"
 	"strings"
@@ -151,5 +152,27 @@ func TestLegitReportCountsFailures(t *testing.T) {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("section 4 lacks %q:\n%s", want, md.String())
 		}
+	}
+}
+
+// TestClientsRefuseNoWorkers: clients with no worker (or no rate) would
+// offer requests nobody takes; they refuse before offering any.
+func TestClientsRefuseNoWorkers(t *testing.T) {
+	for _, cfg := range []Config{{LegitWorkers: 0, LegitRate: 200}, {LegitWorkers: 64, LegitRate: 0}} {
+		b := &Bench{cfg: cfg}
+		if _, offered, err := b.clients(context.Background(), placement{}); err == nil || offered != 0 {
+			t.Errorf("%d workers at %d/s: offered %d, error %v; want a refusal", cfg.LegitWorkers, cfg.LegitRate, offered, err)
+		}
+	}
+}
+
+func TestAddFailures(t *testing.T) {
+	if got := addFailures(nil, nil); got != nil {
+		t.Errorf("nothing added to nothing: %v", got)
+	}
+	got := addFailures(nil, map[string]int{"connect timed out": 2})
+	got = addFailures(got, map[string]int{"connect timed out": 1, "reply reset": 1})
+	if len(got) != 2 || got["connect timed out"] != 3 || got["reply reset"] != 1 {
+		t.Errorf("sum: %v", got)
 	}
 }

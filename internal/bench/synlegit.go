@@ -438,12 +438,7 @@ func summarizeSynLegit(res *SynLegitResult) {
 			for k, v := range r.Counters {
 				p.Counters[k] += v
 			}
-			for k, n := range r.Failures {
-				if p.Failures == nil {
-					p.Failures = map[string]int{}
-				}
-				p.Failures[k] += n
-			}
+			p.Failures = addFailures(p.Failures, r.Failures)
 		}
 		p.Success = jsonNum(math.NaN())
 		if p.Attempts > 0 {
