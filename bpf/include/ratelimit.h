@@ -387,26 +387,82 @@ static __always_inline int hh_sampled(__u32 log2)
 	return 1;
 }
 
-/* Samples the packet into the heavy-hitter map. */
+#define HH_GATE_DROPPED (1U << 31)
+#define HH_GATE_LEN_MASK (HH_GATE_DROPPED - 1)
+
+/* A source's slot in hh_gate and its fingerprint there. Fingerprints are
+ * not secret: a collision only admits a source one sample early. */
+static __always_inline __u64 *hh_gate_slot(const struct rl_src_key *key, __u32 *tag)
+{
+	__u64 a, b, h;
+	__u32 idx;
+
+	__builtin_memcpy(&a, key->addr, 8);
+	__builtin_memcpy(&b, key->addr + 8, 8);
+	/* A 64-bit finalizer (MurmurHash3's constants) over the folded key. */
+	h = a ^ (b * 0x9e3779b97f4a7c15ULL) ^ key->prefixlen;
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ULL;
+	h ^= h >> 33;
+	idx = (__u32)(h >> (64 - HH_GATE_BITS));
+	*tag = (__u32)h;
+	return bpf_map_lookup_elem(&hh_gate, &idx);
+}
+
+/* Takes the sample the gate holds for tag, if any: its frame length and
+ * drop. A compare-and-swap, so two CPUs never both count it. */
+static __always_inline int hh_gate_take(__u64 *slot, __u32 tag, __u32 *len, int *dropped)
+{
+	__u64 seen = *(volatile __u64 *)slot;
+
+	if (!seen || (__u32)(seen >> 32) != tag || __sync_val_compare_and_swap(slot, seen, 0) != seen)
+		return 0;
+	*len = (__u32)seen & HH_GATE_LEN_MASK;
+	*dropped = !!((__u32)seen & HH_GATE_DROPPED);
+	return 1;
+}
+
+/* Samples the packet into the heavy-hitter map. A source the map lacks
+ * enters it only when a later sample finds its first one waiting in the
+ * gate, which that sample then also counts: a flood from spoofed, random
+ * sources (each sampled once) costs a sample a slot write, where an entry
+ * would cost the LRU an insertion and push out the sources that matter. A
+ * source in the map takes its sample back from the gate too, if one is
+ * there (left by another CPU before the entry was made), so nothing
+ * sampled is lost. */
 static __always_inline void hh_count(const struct packet *p, __u32 len, int dropped, __u64 now)
 {
 	struct rl_src_key key = {};
 	struct hh_counts *c;
+	__u32 tag = 0, first_len = 0;
+	int first_dropped = 0, first = 0;
+	__u64 *slot;
 
 	rl_key_of(p, &key, HH_V6_PREFIX);
+	slot = hh_gate_slot(&key, &tag);
+	if (slot)
+		first = hh_gate_take(slot, tag, &first_len, &first_dropped);
 	c = bpf_map_lookup_elem(&hh_sources, &key);
 	if (!c) {
 		struct hh_counts zero = {};
 
+		if (!first) {
+			if (slot)
+				*slot = (__u64)tag << 32 | (dropped ? HH_GATE_DROPPED : 0) |
+					(len & HH_GATE_LEN_MASK);
+			return;
+		}
 		bpf_map_update_elem(&hh_sources, &key, &zero, BPF_NOEXIST);
 		c = bpf_map_lookup_elem(&hh_sources, &key);
 		if (!c)
 			return;
 	}
-	__sync_fetch_and_add(&c->packets, 1);
-	__sync_fetch_and_add(&c->bytes, len);
-	if (dropped)
-		__sync_fetch_and_add(&c->dropped, 1);
+	__sync_fetch_and_add(&c->packets, 1 + first);
+	__sync_fetch_and_add(&c->bytes, len + first_len);
+	if (dropped || first_dropped)
+		__sync_fetch_and_add(&c->dropped, (dropped ? 1 : 0) + first_dropped);
 	c->last_ns = now;
 }
 

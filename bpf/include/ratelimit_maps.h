@@ -86,6 +86,19 @@ struct {
 	__type(value, struct hh_counts);
 } hh_sources SEC(".maps");
 
+/* The admission gate of hh_sources (hh_count): per slot, a sampled
+ * source's fingerprint in the high 32 bits, and that sample's frame length
+ * (bits 0-30) and whether a limit dropped it (bit 31) in the low ones; 0
+ * when empty. Shared by the CPUs, so a source whose samples land on
+ * different CPUs still meets its fingerprint; not pinned, so a program
+ * that starts afresh starts with an empty gate. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HH_GATE_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} hh_gate SEC(".maps");
+
 /* Packets each CPU lets go by before its next heavy-hitter sample. Not
  * shared: a program that starts afresh just samples its first packet. */
 struct {

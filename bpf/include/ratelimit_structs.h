@@ -22,6 +22,11 @@
 #ifndef MAX_HH_SOURCES
 #define MAX_HH_SOURCES (1 << 14)
 #endif
+/* The heavy-hitter admission gate: a sampled source that is not in
+ * hh_sources leaves a fingerprint in one of HH_GATE_SLOTS slots, and
+ * enters the table only when a later sample finds it there. */
+#define HH_GATE_BITS 12
+#define HH_GATE_SLOTS (1 << HH_GATE_BITS)
 /* Count-min sketch: RL_SKETCH_ROWS rows of RL_SKETCH_WIDTH cells. */
 #ifndef RL_SKETCH_WIDTH
 #define RL_SKETCH_WIDTH (1 << 16)

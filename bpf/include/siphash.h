@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* SipHash-2-4 (Aumasson and Bernstein) over a whole number of 64-bit
- * little-endian words, unrolled: a bounded amount of work, as the verifier
- * wants. */
+ * little-endian words and 4 bytes more, unrolled: a bounded amount of work,
+ * as the verifier wants. */
 #ifndef MOAT_SIPHASH_H
 #define MOAT_SIPHASH_H
 
@@ -31,10 +31,12 @@ static __always_inline void sip_round(struct sip_state *s)
 	s->v2 = SIP_ROTL(s->v2, 32);
 }
 
-/* Hashes the first nwords words of m; max_words, the most nwords can be,
- * must be a compile-time constant so that the loop unrolls. */
-static __always_inline __u64 siphash24_words(__u64 k0, __u64 k1, const __u64 *m, __u32 nwords,
-					     const int max_words)
+/* Hashes a message of nwords * 8 + 4 bytes: the first nwords words of m,
+ * then the 4 bytes of tail (as little-endian), which share SipHash's last
+ * block with the length. max_words, the most nwords can be, must be a
+ * compile-time constant so that the loop unrolls. */
+static __always_inline __u64 siphash24(__u64 k0, __u64 k1, const __u64 *m, __u32 nwords,
+				       const int max_words, __u32 tail)
 {
 	struct sip_state s = {
 		.v0 = k0 ^ 0x736f6d6570736575ULL,
@@ -42,7 +44,7 @@ static __always_inline __u64 siphash24_words(__u64 k0, __u64 k1, const __u64 *m,
 		.v2 = k0 ^ 0x6c7967656e657261ULL,
 		.v3 = k1 ^ 0x7465646279746573ULL,
 	};
-	__u64 b = (__u64)(nwords * 8) << 56; /* last block: length only */
+	__u64 b = (__u64)((nwords * 8 + 4) & 0xff) << 56 | tail;
 	int i;
 
 #pragma unroll

@@ -221,23 +221,26 @@ struct syn_cookie_msg_tail {
 	__be16 dport;
 	__be32 client_isn; /* network order */
 	__u32 meta;     /* the cookie's low 10 bits, | SYN_COOKIE_MSG_TS */
-	__u32 family;   /* 4 or 6 */
 };
 
-/* The message SipHash authenticates for IPv6, 48 bytes (6 words). */
+/* The message SipHash authenticates for IPv6, 44 bytes: 5 words, and meta
+ * in the last block with the length. */
 struct syn_cookie_msg {
 	__u8 saddr[16]; /* the client's address */
 	__u8 daddr[16]; /* ours */
 	struct syn_cookie_msg_tail tail;
 };
 
-/* The same for IPv4, 24 bytes (3 words). SipHash puts the length in its
- * last block, and family says 4, so no IPv4 message hashes like an IPv6
- * one. */
+/* The same for IPv4, 20 bytes: 2 words, and meta in the last block. SipHash
+ * puts the length in its last block, so no IPv4 message hashes like an
+ * IPv6 one. */
 struct syn_cookie_msg_v4 {
 	__u8 saddr[4];
 	__u8 daddr[4];
 	struct syn_cookie_msg_tail tail;
 };
+
+_Static_assert(sizeof(struct syn_cookie_msg_v4) == 20 && sizeof(struct syn_cookie_msg) == 44,
+	       "cookie messages are whole words and the 4 bytes of meta");
 
 #endif /* MOAT_SYN_STRUCTS_H */

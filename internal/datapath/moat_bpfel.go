@@ -379,7 +379,6 @@ type MoatSynCookieMsg struct {
 		Dport     uint16
 		ClientIsn uint32
 		Meta      uint32
-		Family    uint32
 	}
 }
 
@@ -393,7 +392,6 @@ type MoatSynCookieMsgV4 struct {
 		Dport     uint16
 		ClientIsn uint32
 		Meta      uint32
-		Family    uint32
 	}
 }
 
@@ -504,6 +502,7 @@ const (
 	MoatMapDenyV6Hosts                = "deny_v6_hosts"
 	MoatMapDenyV6Nets                 = "deny_v6_nets"
 	MoatMapHhCountdown                = "hh_countdown"
+	MoatMapHhGate                     = "hh_gate"
 	MoatMapHhSources                  = "hh_sources"
 	MoatMapPortRuleDefs               = "port_rule_defs"
 	MoatMapPortRuleHits               = "port_rule_hits"
@@ -604,6 +603,7 @@ type MoatMapSpecs struct {
 	DenyV6Hosts      *ebpf.MapSpec `ebpf:"deny_v6_hosts"`
 	DenyV6Nets       *ebpf.MapSpec `ebpf:"deny_v6_nets"`
 	HhCountdown      *ebpf.MapSpec `ebpf:"hh_countdown"`
+	HhGate           *ebpf.MapSpec `ebpf:"hh_gate"`
 	HhSources        *ebpf.MapSpec `ebpf:"hh_sources"`
 	PortRuleDefs     *ebpf.MapSpec `ebpf:"port_rule_defs"`
 	PortRuleHits     *ebpf.MapSpec `ebpf:"port_rule_hits"`
@@ -674,6 +674,7 @@ type MoatMaps struct {
 	DenyV6Hosts      *ebpf.Map `ebpf:"deny_v6_hosts"`
 	DenyV6Nets       *ebpf.Map `ebpf:"deny_v6_nets"`
 	HhCountdown      *ebpf.Map `ebpf:"hh_countdown"`
+	HhGate           *ebpf.Map `ebpf:"hh_gate"`
 	HhSources        *ebpf.Map `ebpf:"hh_sources"`
 	PortRuleDefs     *ebpf.Map `ebpf:"port_rule_defs"`
 	PortRuleHits     *ebpf.Map `ebpf:"port_rule_hits"`
@@ -716,6 +717,7 @@ func (m *MoatMaps) Close() error {
 		m.DenyV6Hosts,
 		m.DenyV6Nets,
 		m.HhCountdown,
+		m.HhGate,
 		m.HhSources,
 		m.PortRuleDefs,
 		m.PortRuleHits,

@@ -69,6 +69,9 @@ func (f *filter) reset(cfg ratelimit.Config) {
 	if err := f.rl.ResetShape(); err != nil {
 		f.tb.Fatal(err)
 	}
+	// A sample left in the heavy-hitter gate would admit its source on
+	// its next packet, in the next case.
+	clearGate(f.tb, f.coll.Maps[datapath.MoatMapHhGate])
 	// The deny summary in use and empty, as the control plane leaves it
 	// for an empty denylist: auto-blocks must set their own bits.
 	if err := datapath.ClearSummaryBlocks(f.coll.Maps[datapath.MoatMapDenySummary]); err != nil {
@@ -108,6 +111,35 @@ func wantSummaryBit(t *testing.T, f *filter, a netip.Addr) {
 	if b.W[w]&mask == 0 {
 		t.Errorf("summary bit of %v is clear", a)
 	}
+}
+
+func clearGate(tb testing.TB, m *ebpf.Map) {
+	tb.Helper()
+	keys := make([]uint32, m.MaxEntries())
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := m.BatchUpdate(keys, make([]uint64, len(keys)), nil); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// gateSlots returns the heavy-hitter gate's slots that hold a sample.
+func gateSlots(tb testing.TB, m *ebpf.Map) map[uint32]uint64 {
+	tb.Helper()
+	out := map[uint32]uint64{}
+	var k uint32
+	var v uint64
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	if err := it.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return out
 }
 
 func clearMap(tb testing.TB, m *ebpf.Map) {
@@ -532,6 +564,83 @@ func TestLimits(t *testing.T) {
 		}
 		if len(hh) != 1 || hh[0].Packets < 16*900 || hh[0].Packets > 16*1100 {
 			t.Errorf("sampling 1 in 16 of 16000 packets: %+v, want about 16000 (1000 samples)", hh)
+		}
+	})
+
+	// A source enters the heavy-hitter map at its second sample, which
+	// also counts the first; a spoofed flood's sources, each sampled
+	// once, never enter it.
+	t.Run("heavy-hitter gate", func(t *testing.T) {
+		f.reset(defaults) // every packet sampled
+		gate := f.coll.Maps[datapath.MoatMapHhGate]
+		udp := func(src netip.Addr, payload int) []byte {
+			return testpkt.UDPv4(src, dst4, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: make([]byte, payload)})
+		}
+		for i := range 3000 {
+			f.send(udp(netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)}), 10), 1)
+		}
+		if hh, err := f.rl.HeavyHitters(); err != nil || len(hh) != 0 {
+			t.Errorf("3000 sources sampled once each: heavy hitters %d (%v), want none", len(hh), err)
+		}
+		// 3000 fingerprints thrown at 4096 slots fill about 2126 of them
+		// (4096 * (1 - e^(-3000/4096))), give or take 30.
+		n := len(gateSlots(t, gate))
+		t.Logf("3000 sources sampled once fill %d gate slots", n)
+		if n < 1950 || n > 2300 {
+			t.Errorf("3000 sources sampled once fill %d of %d gate slots, want about 2126", n, gate.MaxEntries())
+		}
+
+		// The second sample admits the source with both.
+		clearGate(t, gate)
+		short, long := udp(src4, 100), udp(src4, 300)
+		f.send(short, 1)
+		held := gateSlots(t, gate)
+		if len(held) != 1 {
+			t.Fatalf("one sample of a new source left %d gate slots filled, want 1", len(held))
+		}
+		if hh, _ := f.rl.HeavyHitters(); len(hh) != 0 {
+			t.Errorf("after one sample: %+v, want no heavy hitter yet", hh)
+		}
+		f.send(long, 1)
+		hh, err := f.rl.HeavyHitters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hh) != 1 || hh[0].Source.Addr() != src4 || hh[0].Packets != 2 || hh[0].Bytes != uint64(len(short)+len(long)) {
+			t.Fatalf("after two samples: %+v, want %v with 2 packets and %d bytes", hh, src4, len(short)+len(long))
+		}
+		if n := len(gateSlots(t, gate)); n != 0 {
+			t.Errorf("the admitted source's sample is still in the gate (%d slots filled)", n)
+		}
+
+		// A sample another CPU left while this one made the entry is
+		// taken back by the source's next sample, and not twice.
+		for slot, v := range held {
+			if err := gate.Put(slot, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.send(short, 2)
+		if hh, _ = f.rl.HeavyHitters(); len(hh) != 1 || hh[0].Packets != 5 || hh[0].Bytes != uint64(3*len(short)+len(long)+len(short)) {
+			t.Errorf("with a sample waiting in the gate, two more: %+v, want 5 packets, %d bytes", hh, 3*len(short)+len(long)+len(short))
+		}
+
+		// A first sample that a limit dropped is counted as dropped.
+		f.reset(ratelimit.Config{Gate: ratelimit.GateNone}) // no sampling yet
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 1})
+		if got := f.send(short, 1); got != 1 {
+			t.Fatalf("the burst's packet: %d passed, want 1", got)
+		}
+		cfg := defaults
+		cfg.Gate = ratelimit.GateNone
+		if err := f.rl.Configure(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.send(short, 2); got != 0 {
+			t.Fatalf("over the limit: %d of 2 passed, want 0", got)
+		}
+		if hh, _ = f.rl.HeavyHitters(); len(hh) != 1 || hh[0].Packets != 2 || hh[0].Dropped != 2 {
+			t.Errorf("two dropped samples: %+v, want 2 packets, 2 dropped", hh)
 		}
 	})
 

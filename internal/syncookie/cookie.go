@@ -152,24 +152,25 @@ func Meta(mss uint16, hasMSS bool, wscale uint8, hasWScale, sack, ecn bool, gen 
 }
 
 // message is what SipHash authenticates, laid out as in struct
-// syn_cookie_msg_v4 (24 bytes) or struct syn_cookie_msg (48 bytes, IPv6).
+// syn_cookie_msg_v4 (20 bytes) or struct syn_cookie_msg (44 bytes, IPv6):
+// the addresses, the ports and the client's ISN in network order, then
+// meta, little-endian. The lengths differ, and SipHash hashes the length,
+// so no IPv4 message hashes like an IPv6 one.
 func message(t Tuple, clientISN uint32, meta uint32, ts bool) []byte {
 	var msg []byte
 	c, s := t.Client.Addr(), t.Server.Addr()
-	family := uint32(6)
 	if c.Is4() {
-		family = 4
 		a, b := c.As4(), s.As4()
-		msg = make([]byte, 24)
+		msg = make([]byte, 20)
 		copy(msg[0:], a[:])
 		copy(msg[4:], b[:])
 	} else {
 		a, b := c.As16(), s.As16()
-		msg = make([]byte, 48)
+		msg = make([]byte, 44)
 		copy(msg[0:], a[:])
 		copy(msg[16:], b[:])
 	}
-	tail := msg[len(msg)-16:]
+	tail := msg[len(msg)-12:]
 	binary.BigEndian.PutUint16(tail[0:], t.Client.Port())
 	binary.BigEndian.PutUint16(tail[2:], t.Server.Port())
 	binary.BigEndian.PutUint32(tail[4:], clientISN)
@@ -178,7 +179,6 @@ func message(t Tuple, clientISN uint32, meta uint32, ts bool) []byte {
 		m |= msgTS
 	}
 	binary.LittleEndian.PutUint32(tail[8:], m)
-	binary.LittleEndian.PutUint32(tail[12:], family)
 	return msg
 }
 
