@@ -445,3 +445,61 @@ func pinInstead(t *testing.T, root, name string, m *ebpf.Map) string {
 	}
 	return pin
 }
+
+// TestOpenKeepsSynCountersWhenTheNewPinFails: when the resized map cannot
+// be pinned beside the old one (here a directory holds the name), Open
+// fails with the map's name, the old map stays pinned, and a later Open,
+// once the way is clear, takes it over.
+func TestOpenKeepsSynCountersWhenTheNewPinFails(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	counters := s.Map(datapath.MoatMapSynCounters)
+	const oldSize = 200 // counters first: a size Open can carry over
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: oldSize, MaxEntries: counters.MaxEntries()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	olderInfo, err := older.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	olderID, _ := olderInfo.ID()
+	pin := pinInstead(t, root, datapath.MoatMapSynCounters, older)
+	s.Close()
+
+	blocker := pin + "-new"
+	if err := os.MkdirAll(filepath.Join(blocker, "busy"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := shield.Open(root); err == nil {
+		s.Close()
+		t.Fatal("open succeeded with the replacement's pin path taken")
+	} else if !strings.Contains(err.Error(), "syn_counters") || !strings.Contains(err.Error(), "file exists") {
+		t.Errorf("error %q does not name the map and the pin's failure", err)
+	}
+	still, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		t.Fatalf("the old map's pin: %v", err)
+	}
+	info, err := still.Info()
+	still.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := info.ID(); id != olderID {
+		t.Errorf("pinned syn_counters is map %d, want the old map %d", id, olderID)
+	}
+
+	if err := os.RemoveAll(blocker); err != nil {
+		t.Fatal(err)
+	}
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatalf("open once the way is clear: %v", err)
+	}
+	defer s.Close()
+	if want := uint32(binary.Size(datapath.MoatSynPortStats{})); s.Map(datapath.MoatMapSynCounters).ValueSize() != want {
+		t.Errorf("syn_counters values of %d bytes after the retry, want %d", s.Map(datapath.MoatMapSynCounters).ValueSize(), want)
+	}
+}
