@@ -390,8 +390,10 @@ static __always_inline int hh_sampled(__u32 log2)
 #define HH_GATE_DROPPED (1U << 31)
 #define HH_GATE_LEN_MASK (HH_GATE_DROPPED - 1)
 
-/* A source's slot in hh_gate and its fingerprint there. Fingerprints are
- * not secret: a collision only admits a source one sample early. */
+/* A source's slot in hh_gate and its fingerprint there: a 64-bit
+ * finalizer (MurmurHash3's constants) over the key folded with hh_seed. A
+ * collision admits a source one sample early and counts another's first
+ * sample to it; the seed keeps anyone from choosing sources that collide. */
 static __always_inline __u64 *hh_gate_slot(const struct rl_src_key *key, __u32 *tag)
 {
 	__u64 a, b, h;
@@ -399,8 +401,8 @@ static __always_inline __u64 *hh_gate_slot(const struct rl_src_key *key, __u32 *
 
 	__builtin_memcpy(&a, key->addr, 8);
 	__builtin_memcpy(&b, key->addr + 8, 8);
-	/* A 64-bit finalizer (MurmurHash3's constants) over the folded key. */
-	h = a ^ (b * 0x9e3779b97f4a7c15ULL) ^ key->prefixlen;
+	h = a ^ hh_seed ^ (b * 0x9e3779b97f4a7c15ULL) ^
+	    (((__u64)key->family << 8 | key->prefixlen) * 0xc2b2ae3d27d4eb4fULL);
 	h ^= h >> 33;
 	h *= 0xff51afd7ed558ccdULL;
 	h ^= h >> 33;
@@ -425,13 +427,15 @@ static __always_inline int hh_gate_take(__u64 *slot, __u32 tag, __u32 *len, int 
 }
 
 /* Samples the packet into the heavy-hitter map. A source the map lacks
- * enters it only when a later sample finds its first one waiting in the
- * gate, which that sample then also counts: a flood from spoofed, random
- * sources (each sampled once) costs a sample a slot write, where an entry
- * would cost the LRU an insertion and push out the sources that matter. A
- * source in the map takes its sample back from the gate too, if one is
- * there (left by another CPU before the entry was made), so nothing
- * sampled is lost. */
+ * enters it when a later sample finds its first one still waiting in the
+ * gate, and that sample then counts both. A flood from spoofed, random
+ * sources (each sampled once) so costs a sample a slot write, where an
+ * entry would cost the LRU an insertion and push out the sources that
+ * matter. Under such a flood a slot is overwritten often (at 32,000
+ * samples a second, 8 times a second): a source gets in when it is
+ * sampled again before that, and a first sample overwritten is not
+ * counted. A source in the map takes its sample back from the gate too, if
+ * one is there (left by another CPU before the entry was made). */
 static __always_inline void hh_count(const struct packet *p, __u32 len, int dropped, __u64 now)
 {
 	struct rl_src_key key = {};

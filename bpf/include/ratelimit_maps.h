@@ -90,14 +90,21 @@ struct {
  * source's fingerprint in the high 32 bits, and that sample's frame length
  * (bits 0-30) and whether a limit dropped it (bit 31) in the low ones; 0
  * when empty. Shared by the CPUs, so a source whose samples land on
- * different CPUs still meets its fingerprint; not pinned, so a program
- * that starts afresh starts with an empty gate. */
+ * different CPUs still meets its fingerprint; one per loaded filter (an
+ * interface), not pinned, so a filter that starts afresh starts with an
+ * empty gate. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, HH_GATE_SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
 } hh_gate SEC(".maps");
+
+/* The key of the gate's fingerprints, drawn from the CSPRNG by the loader
+ * (internal/shield) for every filter it loads: sources chosen to share a
+ * slot and a fingerprint, and so to walk through the gate, cannot be
+ * worked out in advance. */
+volatile const __u64 hh_seed;
 
 /* Packets each CPU lets go by before its next heavy-hitter sample. Not
  * shared: a program that starts afresh just samples its first packet. */

@@ -351,8 +351,9 @@ static __always_inline __u64 syn_hash(const struct syn_key *k, const struct pack
 		nwords = sizeof(u.msg) / 8;
 	}
 	/* Both messages end in meta, the low half of the word after the whole
-	 * ones (little-endian). Read from the buffer, with constant indexes:
-	 * passing meta itself cost the SYN path 72 more bytes of stack. */
+	 * ones (little-endian). Read back from the buffer (an index the
+	 * verifier knows on each family's path): passing meta itself cost the
+	 * SYN path 72 more bytes of stack. */
 	return siphash24(k->k0, k->k1, u.words, nwords, sizeof(u.words) / 8 - 1,
 			 (__u32)u.words[p->family == 4 ? sizeof(u.v4) / 8 : sizeof(u.msg) / 8]);
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/flood"
+	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/syncookie"
 )
 
@@ -600,6 +601,9 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 		if m := b.shield.Map(name); m != nil && !strings.HasPrefix(name, "syn_") {
 			repl[name] = m
 		}
+	}
+	if err := shield.SeedFilter(spec); err != nil {
+		return nil, err.Error()
 	}
 	m := &moatSynDefence{b: b}
 	if err := spec.LoadAndAssign(&m.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {

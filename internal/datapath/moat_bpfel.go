@@ -528,6 +528,7 @@ const (
 	MoatProgMoatFilter                = "moat_filter"
 	MoatProgMoatSynAccept             = "moat_syn_accept"
 	MoatProgMoatSynCensus             = "moat_syn_census"
+	MoatVarHhSeed                     = "hh_seed"
 	MoatVarUnusedCaptureExportedTypes = "unused_capture_exported_types"
 	MoatVarUnusedExportedTypes        = "unused_exported_types"
 	MoatVarUnusedRlExportedTypes      = "unused_rl_exported_types"
@@ -631,6 +632,7 @@ type MoatMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatVariableSpecs struct {
+	HhSeed                     *ebpf.VariableSpec `ebpf:"hh_seed"`
 	UnusedCaptureExportedTypes *ebpf.VariableSpec `ebpf:"unused_capture_exported_types"`
 	UnusedExportedTypes        *ebpf.VariableSpec `ebpf:"unused_exported_types"`
 	UnusedRlExportedTypes      *ebpf.VariableSpec `ebpf:"unused_rl_exported_types"`
@@ -746,6 +748,7 @@ func (m *MoatMaps) Close() error {
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatVariables struct {
+	HhSeed                     *ebpf.Variable `ebpf:"hh_seed"`
 	UnusedCaptureExportedTypes *ebpf.Variable `ebpf:"unused_capture_exported_types"`
 	UnusedExportedTypes        *ebpf.Variable `ebpf:"unused_exported_types"`
 	UnusedRlExportedTypes      *ebpf.Variable `ebpf:"unused_rl_exported_types"`

@@ -625,6 +625,31 @@ func TestLimits(t *testing.T) {
 			t.Errorf("with a sample waiting in the gate, two more: %+v, want 5 packets, %d bytes", hh, 3*len(short)+len(long)+len(short))
 		}
 
+		// IPv6 sources are counted per /64, through the same gate.
+		clearGate(t, gate)
+		six := func(a string) []byte {
+			return testpkt.UDPv6(netip.MustParseAddr(a), dst6, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: make([]byte, 50)})
+		}
+		f.send(six("2001:db8:5:6::1"), 1)
+		if hh, _ = f.rl.HeavyHitters(); len(hh) != 1 {
+			t.Errorf("after one IPv6 sample: %+v, want the IPv4 source alone", hh)
+		}
+		f.send(six("2001:db8:5:6::2"), 1) // the same /64
+		hh, _ = f.rl.HeavyHitters()
+		want6 := netip.MustParsePrefix("2001:db8:5:6::/64")
+		found := false
+		for _, h := range hh {
+			if h.Source == want6 {
+				found = true
+				if h.Packets != 2 || h.Bytes != uint64(2*len(six("2001:db8:5:6::1"))) {
+					t.Errorf("IPv6 /64 after two samples: %+v, want 2 packets", h)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("after two samples from one /64: %+v, want %v listed", hh, want6)
+		}
+
 		// A first sample that a limit dropped is counted as dropped.
 		f.reset(ratelimit.Config{Gate: ratelimit.GateNone}) // no sampling yet
 		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 1})

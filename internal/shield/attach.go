@@ -1,6 +1,8 @@
 package shield
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -66,6 +68,9 @@ type filterObjects struct {
 	// socket exists only for skb programs.
 	SynAccept *ebpf.Program `ebpf:"moat_syn_accept"`
 	Counters  *ebpf.Map     `ebpf:"counters"`
+	// HHSeed keys the heavy-hitter gate's fingerprints (bpf/include/
+	// ratelimit_maps.h), drawn afresh for every filter loaded.
+	HHSeed *ebpf.Variable `ebpf:"hh_seed"`
 }
 
 func (o *filterObjects) Close() {
@@ -90,11 +95,31 @@ func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
 	for name, m := range repl {
 		spec.Maps[name].Flags = withAccessFlags(spec.Maps[name].Flags, m)
 	}
+	if err := SeedFilter(spec); err != nil {
+		return nil, err
+	}
 	var objs filterObjects
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		return nil, fmt.Errorf("load XDP program: %w", err)
 	}
 	return &objs, nil
+}
+
+// SeedFilter draws a filter's heavy-hitter seed (hh_seed) from the
+// CSPRNG into spec, before the filter is loaded from it.
+func SeedFilter(spec *ebpf.CollectionSpec) error {
+	var seed [8]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return fmt.Errorf("draw the heavy-hitter seed: %w", err)
+	}
+	v, ok := spec.Variables[datapath.MoatVarHhSeed]
+	if !ok {
+		return fmt.Errorf("the BPF object has no %s", datapath.MoatVarHhSeed)
+	}
+	if err := v.Set(binary.NativeEndian.Uint64(seed[:])); err != nil {
+		return fmt.Errorf("set the heavy-hitter seed: %w", err)
+	}
+	return nil
 }
 
 // AttachResult says what Attach did.

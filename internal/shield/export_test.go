@@ -20,3 +20,18 @@ func (s *Shield) LoadFilter(tb testing.TB) *ebpf.Program {
 
 // SummaryRebuildAfter is summaryRebuildAfter, for tests.
 const SummaryRebuildAfter = summaryRebuildAfter
+
+// FilterSeed loads a filter and returns the heavy-hitter seed it was given.
+func (s *Shield) FilterSeed(tb testing.TB) uint64 {
+	tb.Helper()
+	objs, err := s.loadFilter(nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer objs.Close()
+	var seed uint64
+	if err := objs.HHSeed.Get(&seed); err != nil {
+		tb.Fatal(err)
+	}
+	return seed
+}

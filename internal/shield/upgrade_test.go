@@ -503,3 +503,14 @@ func TestOpenKeepsSynCountersWhenTheNewPinFails(t *testing.T) {
 		t.Errorf("syn_counters values of %d bytes after the retry, want %d", s.Map(datapath.MoatMapSynCounters).ValueSize(), want)
 	}
 }
+
+// TestFiltersDrawTheirOwnHeavyHitterSeed: every filter loaded keys its
+// heavy-hitter gate with a seed of its own, so that no one can pick
+// sources that share the gate's slots and fingerprints.
+func TestFiltersDrawTheirOwnHeavyHitterSeed(t *testing.T) {
+	s := openFresh(t)
+	a, b := s.FilterSeed(t), s.FilterSeed(t)
+	if a == 0 || b == 0 || a == b {
+		t.Errorf("seeds of two filters: %#x and %#x, want two different random values", a, b)
+	}
+}
