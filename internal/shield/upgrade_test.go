@@ -392,22 +392,8 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 // says so and changes nothing: the old map stays pinned, and no half-made
 // replacement is left beside it.
 func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
-	s := openFresh(t)
-	root := s.Root()
-	counters := s.Map(datapath.MoatMapSynCounters)
 	const tooSmall = 16
-	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: tooSmall, MaxEntries: counters.MaxEntries()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer older.Close()
-	olderInfo, err := older.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	olderID, _ := olderInfo.ID()
-	pin := pinInstead(t, root, datapath.MoatMapSynCounters, older)
-	s.Close()
+	root, pin, olderID := pinOlderSynCounters(t, tooSmall)
 
 	if s, err := shield.Open(root); err == nil {
 		s.Close()
@@ -415,20 +401,48 @@ func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
 	} else if !strings.Contains(err.Error(), "syn_counters") || !strings.Contains(err.Error(), "hold no counters") {
 		t.Errorf("error %q does not say which map and why", err)
 	}
-	still, err := ebpf.LoadPinnedMap(pin, nil)
-	if err != nil {
-		t.Fatalf("the old map's pin: %v", err)
+	wantPinnedMap(t, pin, olderID)
+	if _, err := os.Stat(pin + "-new"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a replacement was left pinned beside the old map: %v", err)
 	}
-	defer still.Close()
-	info, err := still.Info()
+}
+
+// pinOlderSynCounters makes fresh state whose syn_counters is a map of an
+// older shape, with values of valueSize bytes, as an older moat would have
+// pinned it; the map stays pinned (and alive) after the test's handle is
+// closed. It returns the state's root, the pin's path and the map's id.
+func pinOlderSynCounters(t *testing.T, valueSize uint32) (root, pin string, id ebpf.MapID) {
+	t.Helper()
+	s := openFresh(t)
+	defer s.Close()
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: valueSize,
+		MaxEntries: s.Map(datapath.MoatMapSynCounters).MaxEntries()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id, _ := info.ID(); id != olderID || still.ValueSize() != tooSmall {
-		t.Errorf("pinned syn_counters is map %d with %d-byte values, want the old map %d", id, still.ValueSize(), olderID)
+	defer older.Close()
+	info, err := older.Info()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := os.Stat(pin + "-new"); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a replacement was left pinned beside the old map: %v", err)
+	id, _ = info.ID()
+	return s.Root(), pinInstead(t, s.Root(), datapath.MoatMapSynCounters, older), id
+}
+
+// wantPinnedMap checks that the map pinned at pin is the map id.
+func wantPinnedMap(t *testing.T, pin string, id ebpf.MapID) {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		t.Fatalf("the old map's pin: %v", err)
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := info.ID(); got != id {
+		t.Errorf("pinned at %s: map %d, want the old map %d", pin, got, id)
 	}
 }
 
@@ -451,22 +465,8 @@ func pinInstead(t *testing.T, root, name string, m *ebpf.Map) string {
 // fails with the map's name, the old map stays pinned, and a later Open,
 // once the way is clear, takes it over.
 func TestOpenKeepsSynCountersWhenTheNewPinFails(t *testing.T) {
-	s := openFresh(t)
-	root := s.Root()
-	counters := s.Map(datapath.MoatMapSynCounters)
 	const oldSize = 200 // counters first: a size Open can carry over
-	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: oldSize, MaxEntries: counters.MaxEntries()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer older.Close()
-	olderInfo, err := older.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	olderID, _ := olderInfo.ID()
-	pin := pinInstead(t, root, datapath.MoatMapSynCounters, older)
-	s.Close()
+	root, pin, olderID := pinOlderSynCounters(t, oldSize)
 
 	blocker := pin + "-new"
 	if err := os.MkdirAll(filepath.Join(blocker, "busy"), 0o700); err != nil {
@@ -478,23 +478,12 @@ func TestOpenKeepsSynCountersWhenTheNewPinFails(t *testing.T) {
 	} else if !strings.Contains(err.Error(), "syn_counters") || !strings.Contains(err.Error(), "file exists") {
 		t.Errorf("error %q does not name the map and the pin's failure", err)
 	}
-	still, err := ebpf.LoadPinnedMap(pin, nil)
-	if err != nil {
-		t.Fatalf("the old map's pin: %v", err)
-	}
-	info, err := still.Info()
-	still.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if id, _ := info.ID(); id != olderID {
-		t.Errorf("pinned syn_counters is map %d, want the old map %d", id, olderID)
-	}
+	wantPinnedMap(t, pin, olderID)
 
 	if err := os.RemoveAll(blocker); err != nil {
 		t.Fatal(err)
 	}
-	s, err = shield.Open(root)
+	s, err := shield.Open(root)
 	if err != nil {
 		t.Fatalf("open once the way is clear: %v", err)
 	}
