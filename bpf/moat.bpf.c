@@ -125,14 +125,13 @@ int moat_filter(struct xdp_md *ctx)
 	return verdict(ctx, REASON_PASS, XDP_PASS);
 }
 
-/* Run by the control plane (BPF_PROG_TEST_RUN) to set deny summary bits:
- * an atomic OR, so that it never undoes a bit the data path set meanwhile,
- * which writing the block from user space could. */
-SEC("syscall")
-int deny_summary_or(struct summary_or_args *args)
+/* ORs args->w into block args->block of summary map m: an atomic OR, so
+ * that it never undoes a bit the data path set meanwhile, which writing
+ * the block from user space could. */
+static __always_inline int summary_or(void *m, struct summary_or_args *args)
 {
 	__u32 blk = args->block;
-	struct summary_block *b = bpf_map_lookup_elem(&deny_summary, &blk);
+	struct summary_block *b = bpf_map_lookup_elem(m, &blk);
 	int i;
 
 	if (!b)
@@ -145,6 +144,20 @@ int deny_summary_or(struct summary_or_args *args)
 			__sync_fetch_and_or(&b->w[i], v);
 	}
 	return 0;
+}
+
+/* Run by the control plane (BPF_PROG_TEST_RUN) to set deny summary bits. */
+SEC("syscall")
+int deny_summary_or(struct summary_or_args *args)
+{
+	return summary_or(&deny_summary, args);
+}
+
+/* The same for the host summary. */
+SEC("syscall")
+int deny_host_summary_or(struct summary_or_args *args)
+{
+	return summary_or(&deny_host_summary, args);
 }
 
 /* tc ingress half of the SYN defence: accepts moat cookie handshakes. */

@@ -113,10 +113,20 @@ enum deny_summary_geometry {
  * bits are complete and the data path may trust them) and in its flags
  * (block 0 word 0: the data path blocked an IPv6 prefix shorter than /32,
  * which no single bit covers, so IPv6 sources are looked up until the
- * control plane rebuilds the summary). */
+ * control plane rebuilds the summary).
+ *
+ * The host summary (map deny_host_summary, the same geometry; its block 0
+ * unused) has a bit set while an exact host entry (deny_v4_hosts,
+ * deny_v6_hosts) may exist in the /24 or hashed /32. A source whose
+ * summary bit is set but whose host bit is clear is covered, if at all,
+ * by a prefix: its host lookup, a cache miss on a large list, is skipped
+ * and the trie decides. SUMMARY_V4_HOSTS and SUMMARY_V6_HOSTS in ready say
+ * the family's host bits are complete. */
 enum deny_summary_family {
 	SUMMARY_V4 = 1,
 	SUMMARY_V6 = 2,
+	SUMMARY_V4_HOSTS = 4,
+	SUMMARY_V6_HOSTS = 8,
 };
 
 /* What to do with a malformed packet. */

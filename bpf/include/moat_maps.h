@@ -57,6 +57,14 @@ struct {
 	__type(value, struct summary_block);
 } deny_summary SEC(".maps");
 
+/* The host summary (enum deny_summary_family): as large again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SUMMARY_BLOCKS);
+	__type(key, __u32);
+	__type(value, struct summary_block);
+} deny_host_summary SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

@@ -18,15 +18,18 @@ static __always_inline int rule_live(const struct prefix_rule *r)
  * as in force when fail_closed is set (deny lists), as absent otherwise
  * (allow lists); the control plane reaps expired entries long before. */
 static __always_inline struct prefix_rule *
-match_prefix(void *hosts, void *nets, const __u8 *addr, int family, int fail_closed)
+match_prefix(void *hosts, void *nets, const __u8 *addr, int family, int fail_closed, int no_host)
 {
 	struct net_v6 key = {};
 	struct prefix_rule *r;
 	int i;
 
-	r = bpf_map_lookup_elem(hosts, addr);
-	if (r && rule_live(r))
-		return r;
+	/* no_host: the host summary says addr has no host entry. */
+	if (!no_host) {
+		r = bpf_map_lookup_elem(hosts, addr);
+		if (r && rule_live(r))
+			return r;
+	}
 
 	key.prefixlen = family == 4 ? 32 : 128;
 	__builtin_memcpy(key.addr, addr, 16);
@@ -51,13 +54,14 @@ static __always_inline struct prefix_rule *match_allow(const struct packet *p, _
 {
 	if (p->family == 4)
 		return in_use & ALLOW_IN_USE_V4 ?
-			match_prefix(&allow_v4_hosts, &allow_v4_nets, p->saddr, 4, 0) : NULL;
+			match_prefix(&allow_v4_hosts, &allow_v4_nets, p->saddr, 4, 0, 0) : NULL;
 	return in_use & ALLOW_IN_USE_V6 ?
-		match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, 0) : NULL;
+		match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, 0, 0) : NULL;
 }
 
-/* The summary word and bit of an address (enum deny_summary_geometry). */
-static __always_inline __u64 *summary_word(int family, const __u8 *addr, __u64 *mask)
+/* The summary word and bit of an address (enum deny_summary_geometry) in
+ * summary map m (deny_summary or deny_host_summary). */
+static __always_inline __u64 *summary_word(void *m, int family, const __u8 *addr, __u64 *mask)
 {
 	struct summary_block *b;
 	__u32 n, blk;
@@ -70,28 +74,41 @@ static __always_inline __u64 *summary_word(int family, const __u8 *addr, __u64 *
 		n = (n * (__u32)SUMMARY_V6_HASH_MUL) >> (32 - SUMMARY_V6_HASH_BITS);
 		blk = SUMMARY_V6_FIRST + (n >> SUMMARY_BLOCK_SHIFT);
 	}
-	b = bpf_map_lookup_elem(&deny_summary, &blk);
+	b = bpf_map_lookup_elem(m, &blk);
 	if (!b)
 		return NULL;
 	*mask = 1ULL << (n & 63);
 	return &b->w[(n >> 6) & (SUMMARY_BLOCK_WORDS - 1)];
 }
 
-/* Whether the summary shows that no denylist entry covers the source. */
-static __always_inline int deny_summary_clear(const struct packet *p)
+/* Whether the summary shows that no denylist entry covers the source. st
+ * is the summary's state. */
+static __always_inline int deny_summary_clear(const struct packet *p, const struct summary_state *st)
 {
 	__u32 zero = 0, fam = p->family == 4 ? SUMMARY_V4 : SUMMARY_V6;
-	struct summary_state *st = bpf_map_lookup_elem(&deny_summary_state, &zero);
 	struct summary_block *flags = bpf_map_lookup_elem(&deny_summary, &zero);
 	__u64 mask, *w;
 
 	if (!st || !flags || !(st->ready & fam) || (flags->w[0] & fam))
 		return 0;
-	w = summary_word(p->family, p->saddr, &mask);
+	w = summary_word(&deny_summary, p->family, p->saddr, &mask);
 	return w && !(*w & mask);
 }
 
-/* Marks the summary for a denylist entry the data path is about to add. */
+/* Whether the host summary shows that the source has no host entry. */
+static __always_inline int deny_hosts_absent(const struct packet *p, const struct summary_state *st)
+{
+	__u32 fam = p->family == 4 ? SUMMARY_V4_HOSTS : SUMMARY_V6_HOSTS;
+	__u64 mask, *w;
+
+	if (!st || !(st->ready & fam))
+		return 0;
+	w = summary_word(&deny_host_summary, p->family, p->saddr, &mask);
+	return w && !(*w & mask);
+}
+
+/* Marks the summary for a denylist entry the data path is about to add,
+ * and the host summary when the entry is an exact host. */
 static __always_inline void deny_summary_mark(int family, const __u8 *addr, __u32 prefixlen)
 {
 	__u32 zero = 0;
@@ -104,18 +121,28 @@ static __always_inline void deny_summary_mark(int family, const __u8 *addr, __u3
 			__sync_fetch_and_or(&flags->w[0], SUMMARY_V6);
 		return;
 	}
-	w = summary_word(family, addr, &mask);
+	w = summary_word(&deny_summary, family, addr, &mask);
+	if (w)
+		__sync_fetch_and_or(w, mask);
+	if (prefixlen != (family == 4 ? 32 : 128))
+		return;
+	w = summary_word(&deny_host_summary, family, addr, &mask);
 	if (w)
 		__sync_fetch_and_or(w, mask);
 }
 
 static __always_inline struct prefix_rule *match_deny(const struct packet *p)
 {
-	if (deny_summary_clear(p))
+	__u32 zero = 0;
+	struct summary_state *st = bpf_map_lookup_elem(&deny_summary_state, &zero);
+	int no_host;
+
+	if (deny_summary_clear(p, st))
 		return NULL;
+	no_host = deny_hosts_absent(p, st);
 	if (p->family == 4)
-		return match_prefix(&deny_v4_hosts, &deny_v4_nets, p->saddr, 4, 1);
-	return match_prefix(&deny_v6_hosts, &deny_v6_nets, p->saddr, 6, 1);
+		return match_prefix(&deny_v4_hosts, &deny_v4_nets, p->saddr, 4, 1, no_host);
+	return match_prefix(&deny_v6_hosts, &deny_v6_nets, p->saddr, 6, 1, no_host);
 }
 
 static __always_inline int port_class(const struct packet *p)

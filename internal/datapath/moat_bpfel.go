@@ -98,8 +98,10 @@ type MoatCommentKey struct {
 type MoatDenySummaryFamily uint32
 
 const (
-	MoatDenySummaryFamilySUMMARY_V4 MoatDenySummaryFamily = 1
-	MoatDenySummaryFamilySUMMARY_V6 MoatDenySummaryFamily = 2
+	MoatDenySummaryFamilySUMMARY_V4      MoatDenySummaryFamily = 1
+	MoatDenySummaryFamilySUMMARY_V6      MoatDenySummaryFamily = 2
+	MoatDenySummaryFamilySUMMARY_V4HOSTS MoatDenySummaryFamily = 4
+	MoatDenySummaryFamilySUMMARY_V6HOSTS MoatDenySummaryFamily = 8
 )
 
 type MoatDenySummaryGeometry uint32
@@ -495,6 +497,7 @@ const (
 	MoatMapCaptureSettings            = "capture_settings"
 	MoatMapComments                   = "comments"
 	MoatMapCounters                   = "counters"
+	MoatMapDenyHostSummary            = "deny_host_summary"
 	MoatMapDenySummary                = "deny_summary"
 	MoatMapDenySummaryState           = "deny_summary_state"
 	MoatMapDenyV4Hosts                = "deny_v4_hosts"
@@ -524,6 +527,7 @@ const (
 	MoatMapSynPorts                   = "syn_ports"
 	MoatMapSynRotation                = "syn_rotation"
 	MoatMapSynSettings                = "syn_settings"
+	MoatProgDenyHostSummaryOr         = "deny_host_summary_or"
 	MoatProgDenySummaryOr             = "deny_summary_or"
 	MoatProgMoatFilter                = "moat_filter"
 	MoatProgMoatSynAccept             = "moat_syn_accept"
@@ -577,10 +581,11 @@ type MoatSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatProgramSpecs struct {
-	DenySummaryOr *ebpf.ProgramSpec `ebpf:"deny_summary_or"`
-	MoatFilter    *ebpf.ProgramSpec `ebpf:"moat_filter"`
-	MoatSynAccept *ebpf.ProgramSpec `ebpf:"moat_syn_accept"`
-	MoatSynCensus *ebpf.ProgramSpec `ebpf:"moat_syn_census"`
+	DenyHostSummaryOr *ebpf.ProgramSpec `ebpf:"deny_host_summary_or"`
+	DenySummaryOr     *ebpf.ProgramSpec `ebpf:"deny_summary_or"`
+	MoatFilter        *ebpf.ProgramSpec `ebpf:"moat_filter"`
+	MoatSynAccept     *ebpf.ProgramSpec `ebpf:"moat_syn_accept"`
+	MoatSynCensus     *ebpf.ProgramSpec `ebpf:"moat_syn_census"`
 }
 
 // MoatMapSpecs contains maps before they are loaded into the kernel.
@@ -597,6 +602,7 @@ type MoatMapSpecs struct {
 	CaptureSettings  *ebpf.MapSpec `ebpf:"capture_settings"`
 	Comments         *ebpf.MapSpec `ebpf:"comments"`
 	Counters         *ebpf.MapSpec `ebpf:"counters"`
+	DenyHostSummary  *ebpf.MapSpec `ebpf:"deny_host_summary"`
 	DenySummary      *ebpf.MapSpec `ebpf:"deny_summary"`
 	DenySummaryState *ebpf.MapSpec `ebpf:"deny_summary_state"`
 	DenyV4Hosts      *ebpf.MapSpec `ebpf:"deny_v4_hosts"`
@@ -669,6 +675,7 @@ type MoatMaps struct {
 	CaptureSettings  *ebpf.Map `ebpf:"capture_settings"`
 	Comments         *ebpf.Map `ebpf:"comments"`
 	Counters         *ebpf.Map `ebpf:"counters"`
+	DenyHostSummary  *ebpf.Map `ebpf:"deny_host_summary"`
 	DenySummary      *ebpf.Map `ebpf:"deny_summary"`
 	DenySummaryState *ebpf.Map `ebpf:"deny_summary_state"`
 	DenyV4Hosts      *ebpf.Map `ebpf:"deny_v4_hosts"`
@@ -712,6 +719,7 @@ func (m *MoatMaps) Close() error {
 		m.CaptureSettings,
 		m.Comments,
 		m.Counters,
+		m.DenyHostSummary,
 		m.DenySummary,
 		m.DenySummaryState,
 		m.DenyV4Hosts,
@@ -759,14 +767,16 @@ type MoatVariables struct {
 //
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatPrograms struct {
-	DenySummaryOr *ebpf.Program `ebpf:"deny_summary_or"`
-	MoatFilter    *ebpf.Program `ebpf:"moat_filter"`
-	MoatSynAccept *ebpf.Program `ebpf:"moat_syn_accept"`
-	MoatSynCensus *ebpf.Program `ebpf:"moat_syn_census"`
+	DenyHostSummaryOr *ebpf.Program `ebpf:"deny_host_summary_or"`
+	DenySummaryOr     *ebpf.Program `ebpf:"deny_summary_or"`
+	MoatFilter        *ebpf.Program `ebpf:"moat_filter"`
+	MoatSynAccept     *ebpf.Program `ebpf:"moat_syn_accept"`
+	MoatSynCensus     *ebpf.Program `ebpf:"moat_syn_census"`
 }
 
 func (p *MoatPrograms) Close() error {
 	return _MoatClose(
+		p.DenyHostSummaryOr,
 		p.DenySummaryOr,
 		p.MoatFilter,
 		p.MoatSynAccept,

@@ -72,12 +72,16 @@ func (f *filter) reset(cfg ratelimit.Config) {
 	// A sample left in the heavy-hitter gate would admit its source on
 	// its next packet, in the next case.
 	clearGate(f.tb, f.coll.Maps[datapath.MoatMapHhGate])
-	// The deny summary in use and empty, as the control plane leaves it
-	// for an empty denylist: auto-blocks must set their own bits.
-	if err := datapath.ClearSummaryBlocks(f.coll.Maps[datapath.MoatMapDenySummary]); err != nil {
-		f.tb.Fatal(err)
+	// The deny summary and the host summary in use and empty, as the
+	// control plane leaves them for an empty denylist: auto-blocks must
+	// set their own bits.
+	for _, m := range []string{datapath.MoatMapDenySummary, datapath.MoatMapDenyHostSummary} {
+		if err := datapath.ClearSummaryBlocks(f.coll.Maps[m]); err != nil {
+			f.tb.Fatal(err)
+		}
 	}
-	ready := datapath.MoatSummaryState{Ready: uint32(datapath.MoatDenySummaryFamilySUMMARY_V4 | datapath.MoatDenySummaryFamilySUMMARY_V6), Built: 1}
+	ready := datapath.MoatSummaryState{Ready: uint32(datapath.MoatDenySummaryFamilySUMMARY_V4 | datapath.MoatDenySummaryFamilySUMMARY_V6 |
+		datapath.MoatDenySummaryFamilySUMMARY_V4HOSTS | datapath.MoatDenySummaryFamilySUMMARY_V6HOSTS), Built: 1}
 	if err := f.coll.Maps[datapath.MoatMapDenySummaryState].Put(uint32(0), &ready); err != nil {
 		f.tb.Fatal(err)
 	}
@@ -103,14 +107,20 @@ func (f *filter) reset(cfg ratelimit.Config) {
 // wantSummaryBit checks that the deny summary bit of a is set.
 func wantSummaryBit(t *testing.T, f *filter, a netip.Addr) {
 	t.Helper()
-	blk, w, mask := datapath.SummaryLocation(a)
-	var b datapath.MoatSummaryBlock
-	if err := f.coll.Maps[datapath.MoatMapDenySummary].Lookup(blk, &b); err != nil {
-		t.Fatal(err)
-	}
-	if b.W[w]&mask == 0 {
+	if !summaryBitIn(t, f, datapath.MoatMapDenySummary, a) {
 		t.Errorf("summary bit of %v is clear", a)
 	}
+}
+
+// summaryBitIn is a's bit in the summary map name.
+func summaryBitIn(t *testing.T, f *filter, name string, a netip.Addr) bool {
+	t.Helper()
+	blk, w, mask := datapath.SummaryLocation(a)
+	var b datapath.MoatSummaryBlock
+	if err := f.coll.Maps[name].Lookup(blk, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.W[w]&mask != 0
 }
 
 func clearGate(tb testing.TB, m *ebpf.Map) {
@@ -451,9 +461,13 @@ func TestLimits(t *testing.T) {
 			t.Errorf("limit stats %+v", ls)
 		}
 
-		// The filter set the entry's summary bit itself: the later drops
-		// above came from the denylist, which a clear bit would skip.
+		// The filter set the entry's summary bit and host bit itself: the
+		// later drops above came from the denylist's host entry, which a
+		// clear bit would skip.
 		wantSummaryBit(t, f, src4)
+		if !summaryBitIn(t, f, datapath.MoatMapDenyHostSummary, src4) {
+			t.Errorf("host summary bit of %v is clear after its auto-block", src4)
+		}
 
 		// IPv6: the whole /64 is blocked, in the prefix trie.
 		src6 := netip.MustParseAddr("2001:db8:7:8::1")
@@ -467,6 +481,29 @@ func TestLimits(t *testing.T) {
 			t.Errorf("IPv6 denylist drops %d, want 95", d)
 		}
 		wantSummaryBit(t, f, src6)
+		if summaryBitIn(t, f, datapath.MoatMapDenyHostSummary, src6) {
+			t.Errorf("host summary bit of %v is set for a /64 auto-block, which is a prefix", src6)
+		}
+	})
+
+	t.Run("auto-block of an IPv6 /128 is a host entry with its host bit", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 100, BurstPackets: 4, Block: ratelimit.Duration(time.Minute), IPv6Prefix: 128})
+		a := netip.MustParseAddr("2001:db8:7:8::1")
+		before := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST)
+		f.send(testpkt.UDPv6(a, dst6, testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: []byte("x")}), 100)
+		var v datapath.MoatPrefixRule
+		if err := f.coll.Maps[datapath.MoatMapDenyV6Hosts].Lookup(datapath.MoatHostV6{Addr: a.As16()}, &v); err != nil || v.Prefixlen != 128 {
+			t.Errorf("IPv6 /128 host entry: %+v, %v", v, err)
+		}
+		// With the host summary in use, a missing host bit would skip
+		// the host lookup and pass the later packets.
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST) - before; d != 95 {
+			t.Errorf("IPv6 denylist drops %d, want 95", d)
+		}
+		if !summaryBitIn(t, f, datapath.MoatMapDenyHostSummary, a) {
+			t.Errorf("host summary bit of %v is clear after its /128 auto-block", a)
+		}
 	})
 
 	t.Run("auto-block of an IPv6 prefix shorter than /32", func(t *testing.T) {

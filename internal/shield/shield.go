@@ -41,7 +41,7 @@ var sharedMaps = []string{
 	datapath.MoatMapAllowV4Nets, datapath.MoatMapAllowV6Nets,
 	datapath.MoatMapDenyV4Hosts, datapath.MoatMapDenyV6Hosts,
 	datapath.MoatMapDenyV4Nets, datapath.MoatMapDenyV6Nets,
-	datapath.MoatMapDenySummary, datapath.MoatMapDenySummaryState,
+	datapath.MoatMapDenySummary, datapath.MoatMapDenyHostSummary, datapath.MoatMapDenySummaryState,
 	datapath.MoatMapComments, datapath.MoatMapPortRules,
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
 	// The census before the counters: carrying counters over reads it.
@@ -70,7 +70,7 @@ type Shield struct {
 	maps map[string]*ebpf.Map
 	lock *os.File
 
-	summaryOr *ebpf.Program // deny_summary_or, loaded on first use
+	summaryOr map[string]*ebpf.Program // the writers of the summaries, by map; loaded on first use
 
 	// SummaryErr is why Open could not bring the deny summary into use,
 	// if it could not.
@@ -124,10 +124,10 @@ func (s *Shield) Close() error {
 		m.Close()
 	}
 	s.maps = nil
-	if s.summaryOr != nil {
-		s.summaryOr.Close()
-		s.summaryOr = nil
+	for _, p := range s.summaryOr {
+		p.Close()
 	}
+	s.summaryOr = nil
 	if s.lock != nil {
 		s.lock.Close()
 		s.lock = nil

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/rules"
 )
 
 // The deny summary (enum deny_summary_geometry in bpf/include/moat_consts.h)
@@ -20,6 +21,11 @@ import (
 // the data path before an auto-block), and cleared only by a rebuild, which
 // first takes the family out of use. A stale bit costs a lookup, never a
 // verdict.
+//
+// The host summary (deny_host_summary, same geometry) follows the same
+// rule for exact host entries alone: while its family is ready, every
+// address with a host entry has its bit set there, so the filter skips the
+// host lookup of a covered source whose host bit is clear.
 
 // summaryRebuildAfter is how many denylist entries may be removed before
 // the next removal rebuilds the summary, clearing the bits they left. A
@@ -27,11 +33,14 @@ import (
 const summaryRebuildAfter = 4096
 
 // summaryFormat is what a finished build writes to the state's built field:
-// the summary's layout and hash. State built with another layout is rebuilt
-// by Open.
-const summaryFormat = 1
+// the summary's layout and hash, and since format 2 the host summary. State
+// built with another layout is rebuilt by Open.
+const summaryFormat = 2
 
-var summaryFamilies = uint32(datapath.MoatDenySummaryFamilySUMMARY_V4 | datapath.MoatDenySummaryFamilySUMMARY_V6)
+var (
+	summaryFamilies     = uint32(datapath.MoatDenySummaryFamilySUMMARY_V4 | datapath.MoatDenySummaryFamilySUMMARY_V6)
+	hostSummaryFamilies = uint32(datapath.MoatDenySummaryFamilySUMMARY_V4HOSTS | datapath.MoatDenySummaryFamilySUMMARY_V6HOSTS)
+)
 
 // SummaryState is the deny summary's state as the data path sees it.
 type SummaryState = datapath.MoatSummaryState
@@ -59,11 +68,17 @@ func (s *Shield) markDeny(entries []Entry) error {
 	if st.Built == 0 {
 		return nil // not built: the data path looks every source up
 	}
-	marks := datapath.SummaryMarks{}
+	marks, hosts := datapath.SummaryMarks{}, datapath.SummaryMarks{}
 	for _, e := range entries {
 		marks.Add(e.Prefix)
+		if rules.IsHost(e.Prefix) {
+			hosts.Add(e.Prefix)
+		}
 	}
-	return s.orSummary(marks)
+	if err := s.orSummary(datapath.MoatMapDenySummary, marks); err != nil {
+		return err
+	}
+	return s.orSummary(datapath.MoatMapDenyHostSummary, hosts)
 }
 
 // noteRemoved counts removed denylist entries and rebuilds the summary once
@@ -102,22 +117,29 @@ func (s *Shield) summaryFlags() (uint32, error) {
 	return uint32(b.W[0]), nil
 }
 
-// SummaryInUse returns the families for which the filter uses the summary.
+// SummaryInUse returns the families for which the filter uses the summary
+// (SUMMARY_V4, SUMMARY_V6).
 func (s *Shield) SummaryInUse() (uint32, error) {
 	st, err := s.DenySummary()
 	if err != nil {
 		return 0, err
 	}
 	flags, err := s.summaryFlags()
-	return st.Ready &^ flags, err
+	return st.Ready & summaryFamilies &^ flags, err
 }
 
 // olderFilterAttached names an interface whose pinned filter does not use
-// this state's deny summary: one of a moat version before the summary, or
-// one loaded against a summary map that has since been replaced. Such a
-// filter adds auto-blocks without their bits, so no family may be ready.
+// this state's deny summary or host summary: one of a moat version before
+// them, or one loaded against a summary map that has since been replaced.
+// Such a filter adds auto-blocks without their bits, so no family may be
+// ready.
 func (s *Shield) olderFilterAttached() (string, error) {
-	return s.filterWithout(datapath.MoatMapDenySummary)
+	for _, m := range []string{datapath.MoatMapDenySummary, datapath.MoatMapDenyHostSummary} {
+		if name, err := s.filterWithout(m); err != nil || name != "" {
+			return name, err
+		}
+	}
+	return "", nil
 }
 
 // filterWithout names an interface whose pinned filter does not use this
@@ -162,11 +184,11 @@ func (s *Shield) filterWithout(name string) (string, error) {
 func (s *Shield) ensureSummary() error {
 	st, err := s.DenySummary()
 	if err != nil {
-		return err
+		return s.summaryOutOfUse(err)
 	}
 	older, err := s.olderFilterAttached()
 	if err != nil {
-		return err
+		return s.summaryOutOfUse(err)
 	}
 	if older != "" {
 		if st.Built != 0 || st.Ready != 0 {
@@ -180,26 +202,44 @@ func (s *Shield) ensureSummary() error {
 	return nil
 }
 
-// orSummary ORs marks into the summary through deny_summary_or, which the
-// kernel runs: an atomic OR cannot undo a bit the data path sets at the same
-// moment, where writing a block from here could.
-func (s *Shield) orSummary(marks datapath.SummaryMarks) error {
+// summaryOutOfUse takes the summary out of use, as far as it can, when
+// ensureSummary could not check it (err): this moat would then add entries
+// with their summary bits but not rebuild, and must not leave the filter
+// trusting bits it no longer vouches for. The filter looks every source
+// up, as before the summary; the next Open tries again.
+func (s *Shield) summaryOutOfUse(err error) error {
+	if werr := s.writeSummaryState(SummaryState{}); werr != nil {
+		return errors.Join(err, werr)
+	}
+	return err
+}
+
+// orSummary ORs marks into the summary map name (deny_summary or
+// deny_host_summary) through deny_summary_or or deny_host_summary_or, which
+// the kernel runs: an atomic OR cannot undo a bit the data path sets at the
+// same moment, where writing a block from here could.
+func (s *Shield) orSummary(name string, marks datapath.SummaryMarks) error {
 	if len(marks) == 0 {
 		return nil
 	}
 	if s.summaryOr == nil {
 		var objs struct {
-			Or *ebpf.Program `ebpf:"deny_summary_or"`
+			Or     *ebpf.Program `ebpf:"deny_summary_or"`
+			HostOr *ebpf.Program `ebpf:"deny_host_summary_or"`
 		}
-		repl := map[string]*ebpf.Map{datapath.MoatMapDenySummary: s.maps[datapath.MoatMapDenySummary]}
+		repl := map[string]*ebpf.Map{
+			datapath.MoatMapDenySummary:     s.maps[datapath.MoatMapDenySummary],
+			datapath.MoatMapDenyHostSummary: s.maps[datapath.MoatMapDenyHostSummary],
+		}
 		if err := s.spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
-			return fmt.Errorf("load the deny summary's writer: %w", err)
+			return fmt.Errorf("load the deny summary's writers: %w", err)
 		}
-		s.summaryOr = objs.Or
+		s.summaryOr = map[string]*ebpf.Program{datapath.MoatMapDenySummary: objs.Or, datapath.MoatMapDenyHostSummary: objs.HostOr}
 	}
+	prog := s.summaryOr[name]
 	for blk, w := range marks {
 		args := datapath.MoatSummaryOrArgs{Block: blk, W: *w}
-		ret, err := s.summaryOr.Run(&ebpf.RunOptions{Context: args})
+		ret, err := prog.Run(&ebpf.RunOptions{Context: args})
 		if err == nil && ret != 0 {
 			err = fmt.Errorf("no block %d", blk)
 		}
@@ -243,22 +283,33 @@ func (s *Shield) RebuildDenySummary() error {
 	if err := waitForPrograms(); err != nil {
 		return err
 	}
-	marks := datapath.SummaryMarks{}
+	marks, hosts := datapath.SummaryMarks{}, datapath.SummaryMarks{}
 	for _, read := range s.listReaders(DenyList) {
-		if err := read(func(r listRule) { marks.Add(r.prefix) }); err != nil {
+		err := read(func(r listRule) {
+			marks.Add(r.prefix)
+			if rules.IsHost(r.prefix) {
+				hosts.Add(r.prefix)
+			}
+		})
+		if err != nil {
 			return fmt.Errorf("read the denylist: %w", err)
 		}
 	}
-	if err := s.orSummary(marks); err != nil {
+	if err := s.orSummary(datapath.MoatMapDenySummary, marks); err != nil {
 		return err
 	}
-	return s.writeSummaryState(SummaryState{Ready: summaryFamilies, Built: summaryFormat})
+	if err := s.orSummary(datapath.MoatMapDenyHostSummary, hosts); err != nil {
+		return err
+	}
+	return s.writeSummaryState(SummaryState{Ready: summaryFamilies | hostSummaryFamilies, Built: summaryFormat})
 }
 
-// clearSummary zeroes every block, flags included.
+// clearSummary zeroes every block of both summaries, flags included.
 func (s *Shield) clearSummary() error {
-	if err := datapath.ClearSummaryBlocks(s.maps[datapath.MoatMapDenySummary]); err != nil {
-		return fmt.Errorf("clear the deny summary: %w", err)
+	for _, name := range []string{datapath.MoatMapDenySummary, datapath.MoatMapDenyHostSummary} {
+		if err := datapath.ClearSummaryBlocks(s.maps[name]); err != nil {
+			return fmt.Errorf("clear the deny summary: %w", err)
+		}
 	}
 	return nil
 }

@@ -19,8 +19,11 @@ import (
 const (
 	summaryV4 = uint32(datapath.MoatDenySummaryFamilySUMMARY_V4)
 	summaryV6 = uint32(datapath.MoatDenySummaryFamilySUMMARY_V6)
-	xdpDrop   = 1
-	xdpPass   = 2
+	// Both families ready in the summary and in the host summary.
+	summaryAll = summaryV4 | summaryV6 |
+		uint32(datapath.MoatDenySummaryFamilySUMMARY_V4HOSTS|datapath.MoatDenySummaryFamilySUMMARY_V6HOSTS)
+	xdpDrop = 1
+	xdpPass = 2
 )
 
 func summaryBit(t *testing.T, s *shield.Shield, a netip.Addr) bool {
@@ -28,6 +31,17 @@ func summaryBit(t *testing.T, s *shield.Shield, a netip.Addr) bool {
 	blk, w, mask := datapath.SummaryLocation(a)
 	var b datapath.MoatSummaryBlock
 	if err := s.Map(datapath.MoatMapDenySummary).Lookup(blk, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.W[w]&mask != 0
+}
+
+// hostSummaryBit is the bit of a in the host summary.
+func hostSummaryBit(t *testing.T, s *shield.Shield, a netip.Addr) bool {
+	t.Helper()
+	blk, w, mask := datapath.SummaryLocation(a)
+	var b datapath.MoatSummaryBlock
+	if err := s.Map(datapath.MoatMapDenyHostSummary).Lookup(blk, &b); err != nil {
 		t.Fatal(err)
 	}
 	return b.W[w]&mask != 0
@@ -66,7 +80,7 @@ func verdictFrom(t *testing.T, prog *ebpf.Program, src netip.Addr) uint32 {
 func TestDenySummaryFollowsTheList(t *testing.T) {
 	s := openFresh(t)
 	prog := s.LoadFilter(t)
-	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryV4|summaryV6 {
+	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryAll {
 		t.Fatalf("fresh state: summary %+v, want built with both families ready", st)
 	}
 	if err := s.Add(shield.DenyList, entries("198.51.100.7/32", "203.0.0.0/16", "192.0.2.64/30",
@@ -106,7 +120,7 @@ func TestDenySummaryFollowsTheList(t *testing.T) {
 	if err := s.RemovePrefixes(shield.DenyList, []netip.Prefix{pfx("64.0.0.0/4"), pfx("198.51.100.7/32")}); err != nil {
 		t.Fatal(err)
 	}
-	if st := summaryState(t, s); st.Ready != summaryV4|summaryV6 || st.Removed != 0 {
+	if st := summaryState(t, s); st.Ready != summaryAll || st.Removed != 0 {
 		t.Fatalf("after removing the /4: %+v, want a rebuild", st)
 	}
 	if summaryBit(t, s, netip.MustParseAddr("77.1.2.3")) {
@@ -155,7 +169,7 @@ func TestDenySummaryRebuildsAfterManyRemovals(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := summaryState(t, s)
-	if st.Removed != 0 || st.Ready != summaryV4|summaryV6 {
+	if st.Removed != 0 || st.Ready != summaryAll {
 		t.Fatalf("after %d removals: %+v, want a rebuild", len(ps), st)
 	}
 	for _, p := range []netip.Prefix{ps[0], ps[len(ps)-1]} {
@@ -184,7 +198,7 @@ func TestOpenBuildsTheSummaryOfOlderState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryV4|summaryV6 {
+	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryAll {
 		t.Fatalf("summary after the upgrade: %+v", st)
 	}
 	prog := s.LoadFilter(t)
@@ -201,6 +215,37 @@ func TestOpenBuildsTheSummaryOfOlderState(t *testing.T) {
 // the summary stays out of use until the last of them is replaced, and is
 // then built with every entry added meanwhile.
 func TestOlderFilterKeepsTheSummaryOff(t *testing.T) {
+	// A filter of a moat before the summary uses neither map; one of a
+	// moat before the host summary uses deny_summary alone, and adds
+	// auto-blocks without their host bits.
+	for _, c := range []struct {
+		name string
+		uses []string
+	}{
+		{"before the summary", nil},
+		{"before the host summary", []string{datapath.MoatMapDenySummary}},
+	} {
+		t.Run(c.name, func(t *testing.T) { olderFilterKeepsTheSummaryOff(t, c.uses) })
+	}
+}
+
+// olderProgram is an XDP program that passes everything and references
+// the shield's maps named uses, as a filter of an older moat would.
+func olderProgram(t *testing.T, s *shield.Shield, uses []string) *ebpf.Program {
+	t.Helper()
+	var insns asm.Instructions
+	for _, name := range uses {
+		insns = append(insns, asm.LoadMapPtr(asm.R1, s.Map(name).FD()))
+	}
+	insns = append(insns, asm.Mov.Imm(asm.R0, xdpPass), asm.Return())
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL", Instructions: insns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prog
+}
+
+func olderFilterKeepsTheSummaryOff(t *testing.T, uses []string) {
 	s := openFresh(t)
 	a, _ := vethPair(t)
 	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
@@ -209,13 +254,8 @@ func TestOlderFilterKeepsTheSummaryOff(t *testing.T) {
 	if in, err := s.SummaryInUse(); err != nil || in != summaryV4|summaryV6 {
 		t.Fatalf("after attach: in use %#x, %v", in, err)
 	}
-	// Pin, in place of the filter, a program that does not use the
-	// summary map, as a filter of an older moat would be.
-	older, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, xdpPass), asm.Return()}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Pin, in place of the filter, a program of an older moat.
+	older := olderProgram(t, s, uses)
 	defer older.Close()
 	pin := filepath.Join(s.Root(), "ifaces", a, "prog")
 	if err := os.Remove(pin); err != nil {
@@ -227,7 +267,7 @@ func TestOlderFilterKeepsTheSummaryOff(t *testing.T) {
 	root := s.Root()
 	s.Close()
 
-	s, err = shield.Open(root)
+	s, err := shield.Open(root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +290,7 @@ func TestOlderFilterKeepsTheSummaryOff(t *testing.T) {
 	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
 		t.Fatal(err)
 	}
-	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryV4|summaryV6 {
+	if st := summaryState(t, s); st.Built == 0 || st.Ready != summaryAll {
 		t.Fatalf("after replacing the older filter: summary %+v, want built and in use", st)
 	}
 	if !summaryBit(t, s, netip.MustParseAddr("198.51.100.9")) {
@@ -284,5 +324,157 @@ func TestIPv6AutoBlockFlagClearedByItsRemoval(t *testing.T) {
 	}
 	if summaryBit(t, s, netip.MustParseAddr("2001:d00::1")) {
 		t.Error("the removed /24 left its bits")
+	}
+}
+
+// TestHostSummarySkipsTheHostLookupOnlyWhereNoHostIs: the host summary has
+// the bit of every address with a host entry, so a source that a prefix
+// covers is dropped without its host lookup where no host entry can be,
+// and each packet is still counted on the most specific entry: the host's
+// where there is one, the prefix's otherwise.
+func TestHostSummarySkipsTheHostLookupOnlyWhereNoHostIs(t *testing.T) {
+	s := openFresh(t)
+	prog := s.LoadFilter(t)
+	if err := s.Add(shield.DenyList, entries("198.51.100.0/24", "198.51.100.7/32", "203.0.113.9/32",
+		"192.0.2.0/24", "2001:db8:1::/48", "2001:db8:1::7/128"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	for a, want := range map[string]bool{
+		"198.51.100.7": true, "198.51.100.200": true, // the host's /24
+		"203.0.113.9":   true,
+		"192.0.2.5":     false,                            // a prefix alone
+		"2001:db8:1::7": true, "2001:db8:1:ffff::1": true, // the host's hashed /32
+		"2001:db8:2::1": true, // the same /32
+		"2001:db9::1":   false,
+	} {
+		if got := hostSummaryBit(t, s, netip.MustParseAddr(a)); got != want {
+			t.Errorf("host summary bit of %s: %v, want %v", a, got, want)
+		}
+	}
+
+	// Each source is dropped and counted on its most specific entry.
+	for src, entry := range map[string]string{
+		"198.51.100.7":       "198.51.100.7/32",
+		"198.51.100.8":       "198.51.100.0/24",
+		"203.0.113.9":        "203.0.113.9/32",
+		"192.0.2.5":          "192.0.2.0/24",
+		"2001:db8:1::7":      "2001:db8:1::7/128",
+		"2001:db8:1:ffff::9": "2001:db8:1::/48",
+	} {
+		before := hitsOf(t, s, entry)
+		if v := verdictFrom(t, prog, netip.MustParseAddr(src)); v != xdpDrop {
+			t.Errorf("%s: verdict %d, want drop", src, v)
+		}
+		if got := hitsOf(t, s, entry) - before; got != 1 {
+			t.Errorf("%s: %d hits on %s, want 1", src, got, entry)
+		}
+	}
+
+	// The skip itself: a host entry written past the control plane, so
+	// without its bit, is not looked up; the prefix takes the packet.
+	hosts := s.Map(datapath.MoatMapDenyV4Hosts)
+	key := datapath.MoatHostV4{Addr: netip.MustParseAddr("192.0.2.77").As4()}
+	if err := hosts.Put(key, datapath.MoatPrefixRule{Prefixlen: 32}); err != nil {
+		t.Fatal(err)
+	}
+	before := hitsOf(t, s, "192.0.2.0/24")
+	if v := verdictFrom(t, prog, netip.MustParseAddr("192.0.2.77")); v != xdpDrop {
+		t.Errorf("192.0.2.77: verdict %d, want drop", v)
+	}
+	if got := hitsOf(t, s, "192.0.2.0/24") - before; got != 1 {
+		t.Errorf("192.0.2.77, a host entry without its host bit: %d hits on the /24, want 1 (the host lookup skipped)", got)
+	}
+	// The same in IPv6, in a hashed /32 with no host entry.
+	if err := s.Add(shield.DenyList, entries("2001:db9:5::/48"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	k6 := datapath.MoatHostV6{Addr: netip.MustParseAddr("2001:db9:5::77").As16()}
+	if err := s.Map(datapath.MoatMapDenyV6Hosts).Put(k6, datapath.MoatPrefixRule{Prefixlen: 128}); err != nil {
+		t.Fatal(err)
+	}
+	before = hitsOf(t, s, "2001:db9:5::/48")
+	if v := verdictFrom(t, prog, netip.MustParseAddr("2001:db9:5::77")); v != xdpDrop {
+		t.Errorf("2001:db9:5::77: verdict %d, want drop", v)
+	}
+	if got := hitsOf(t, s, "2001:db9:5::/48") - before; got != 1 {
+		t.Errorf("2001:db9:5::77, a host entry without its host bit: %d hits on the /48, want 1", got)
+	}
+
+	// A rebuild reads the list and sets the host's bit: from then on the
+	// host entry takes its packets.
+	if err := s.RebuildDenySummary(); err != nil {
+		t.Fatal(err)
+	}
+	if !hostSummaryBit(t, s, netip.MustParseAddr("192.0.2.77")) {
+		t.Fatal("after a rebuild the host entry 192.0.2.77 has no host bit")
+	}
+	before = hitsOf(t, s, "192.0.2.77/32")
+	verdictFrom(t, prog, netip.MustParseAddr("192.0.2.77"))
+	if got := hitsOf(t, s, "192.0.2.77/32") - before; got != 1 {
+		t.Errorf("192.0.2.77 after the rebuild: %d hits on its host entry, want 1", got)
+	}
+}
+
+// hitsOf is the hit counter of the denylist entry p.
+func hitsOf(t *testing.T, s *shield.Shield, p string) uint64 {
+	t.Helper()
+	es, err := s.Entries(shield.DenyList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if e.Prefix == netip.MustParsePrefix(p) {
+			return e.Hits
+		}
+	}
+	t.Fatalf("no denylist entry %s", p)
+	return 0
+}
+
+// TestOpenAddsTheHostSummaryToOlderState: state a moat before the host
+// summary built (format 1, the two main families ready, no host summary
+// pinned) is rebuilt by Open with the host summary, and host entries
+// inside a denied prefix keep their packets.
+func TestOpenAddsTheHostSummaryToOlderState(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	if err := s.Add(shield.DenyList, entries("198.51.100.0/24", "198.51.100.7/32",
+		"2001:db8:1::/48", "2001:db8:1::7/128"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Map(datapath.MoatMapDenySummaryState).Put(uint32(0),
+		shield.SummaryState{Ready: summaryV4 | summaryV6, Built: 1}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := os.Remove(filepath.Join(root, "maps", datapath.MoatMapDenyHostSummary)); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := summaryState(t, s); st.Built != 2 || st.Ready != summaryAll {
+		t.Fatalf("summary after the upgrade: %+v, want built in format 2 with host bits ready", st)
+	}
+	prog := s.LoadFilter(t)
+	for src, entry := range map[string]string{
+		"198.51.100.7":  "198.51.100.7/32",
+		"198.51.100.8":  "198.51.100.0/24",
+		"2001:db8:1::7": "2001:db8:1::7/128",
+	} {
+		a := netip.MustParseAddr(src)
+		if !hostSummaryBit(t, s, a) {
+			t.Errorf("%s: no host bit after the upgrade", src)
+		}
+		before := hitsOf(t, s, entry)
+		if v := verdictFrom(t, prog, a); v != xdpDrop {
+			t.Errorf("%s: verdict %d, want drop", src, v)
+		}
+		if got := hitsOf(t, s, entry) - before; got != 1 {
+			t.Errorf("%s: %d hits on %s, want 1", src, got, entry)
+		}
 	}
 }
