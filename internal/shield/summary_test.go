@@ -28,9 +28,15 @@ const (
 
 func summaryBit(t *testing.T, s *shield.Shield, a netip.Addr) bool {
 	t.Helper()
+	return bitIn(t, s, datapath.MoatMapDenySummary, a)
+}
+
+// bitIn is a's bit in the summary map name.
+func bitIn(t *testing.T, s *shield.Shield, name string, a netip.Addr) bool {
+	t.Helper()
 	blk, w, mask := datapath.SummaryLocation(a)
 	var b datapath.MoatSummaryBlock
-	if err := s.Map(datapath.MoatMapDenySummary).Lookup(blk, &b); err != nil {
+	if err := s.Map(name).Lookup(blk, &b); err != nil {
 		t.Fatal(err)
 	}
 	return b.W[w]&mask != 0
@@ -39,12 +45,7 @@ func summaryBit(t *testing.T, s *shield.Shield, a netip.Addr) bool {
 // hostSummaryBit is the bit of a in the host summary.
 func hostSummaryBit(t *testing.T, s *shield.Shield, a netip.Addr) bool {
 	t.Helper()
-	blk, w, mask := datapath.SummaryLocation(a)
-	var b datapath.MoatSummaryBlock
-	if err := s.Map(datapath.MoatMapDenyHostSummary).Lookup(blk, &b); err != nil {
-		t.Fatal(err)
-	}
-	return b.W[w]&mask != 0
+	return bitIn(t, s, datapath.MoatMapDenyHostSummary, a)
 }
 
 func summaryState(t *testing.T, s *shield.Shield) shield.SummaryState {
