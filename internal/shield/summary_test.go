@@ -479,3 +479,40 @@ func TestOpenAddsTheHostSummaryToOlderState(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryOutOfUseWhenItCannotBeChecked: when Open cannot tell whether
+// every attached filter keeps the summary (here an interface's pinned
+// program is not a program), it takes the summary out of use rather than
+// leave the filter trusting bits it no longer vouches for, and says why.
+func TestSummaryOutOfUseWhenItCannotBeChecked(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	if st := summaryState(t, s); st.Ready != summaryAll {
+		t.Fatalf("fresh state: summary %+v", st)
+	}
+	odd, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer odd.Close()
+	dir := filepath.Join(root, "ifaces", "ghost")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := odd.Pin(filepath.Join(dir, "prog")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	defer s.Close()
+	if s.SummaryErr == nil {
+		t.Error("no summary error reported")
+	}
+	if st := summaryState(t, s); st.Built != 0 || st.Ready != 0 {
+		t.Errorf("summary %+v after a failed check, want out of use", st)
+	}
+}
