@@ -185,7 +185,7 @@ func TestRebuildSummary(t *testing.T) {
 		t.Fatalf("rebuild-summary said %q", r.stdout)
 	}
 	r = mustRun(t, root, "status")
-	if !strings.Contains(r.stdout, "deny summary: ipv4 on, ipv6 on, 0 entries removed since the last rebuild") {
+	if !strings.Contains(r.stdout, "deny summary: ipv4 on, ipv6 on (host summary: ipv4 on, ipv6 on), 0 entries removed since the last rebuild") {
 		t.Fatalf("status said %q", r.stdout)
 	}
 	mustRun(t, root, "unblock", "198.51.100.0/24")
@@ -194,7 +194,7 @@ func TestRebuildSummary(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatal(err)
 	}
-	if want := (cli.DenySummary{IPv4: true, IPv6: true, Removed: 1}); st.Summary != want {
+	if want := (cli.DenySummary{IPv4: true, IPv6: true, HostIPv4: true, HostIPv6: true, Removed: 1}); st.Summary != want {
 		t.Fatalf("status --json: deny summary %+v, want %+v", st.Summary, want)
 	}
 }

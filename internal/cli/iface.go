@@ -155,6 +155,10 @@ type Status struct {
 type DenySummary struct {
 	IPv4 bool `json:"ipv4"`
 	IPv6 bool `json:"ipv6"`
+	// The host summary: sources of the family with no host entry nearby
+	// skip the host lookup.
+	HostIPv4 bool `json:"host_ipv4"`
+	HostIPv6 bool `json:"host_ipv6"`
 	// Entries removed since the last rebuild, whose bits may be stale.
 	Removed uint64 `json:"removed_since_rebuild"`
 	Error   string `json:"error,omitempty"`
@@ -216,9 +220,11 @@ func newStatusCmd(g *globals) *cobra.Command {
 				return err
 			}
 			st.Summary = DenySummary{
-				IPv4:    inUse&uint32(datapath.MoatDenySummaryFamilySUMMARY_V4) != 0,
-				IPv6:    inUse&uint32(datapath.MoatDenySummaryFamilySUMMARY_V6) != 0,
-				Removed: sum.Removed,
+				IPv4:     inUse&uint32(datapath.MoatDenySummaryFamilySUMMARY_V4) != 0,
+				IPv6:     inUse&uint32(datapath.MoatDenySummaryFamilySUMMARY_V6) != 0,
+				HostIPv4: sum.Ready&uint32(datapath.MoatDenySummaryFamilySUMMARY_V4HOSTS) != 0,
+				HostIPv6: sum.Ready&uint32(datapath.MoatDenySummaryFamilySUMMARY_V6HOSTS) != 0,
+				Removed:  sum.Removed,
 			}
 			if s.SummaryErr != nil {
 				st.Summary.Error = s.SummaryErr.Error()
@@ -238,8 +244,8 @@ func newStatusCmd(g *globals) *cobra.Command {
 			w.Flush()
 			fmt.Fprintf(cmd.OutOrStdout(), "rules: %d allow, %d deny, %d port\npolicy: fragments %s, malformed %s\n",
 				st.Rules.Allow, st.Rules.Deny, st.Rules.Ports, st.Settings.Fragments, st.Settings.Malformed)
-			fmt.Fprintf(cmd.OutOrStdout(), "deny summary: ipv4 %s, ipv6 %s, %d entries removed since the last rebuild\n",
-				onOff(st.Summary.IPv4), onOff(st.Summary.IPv6), st.Summary.Removed)
+			fmt.Fprintf(cmd.OutOrStdout(), "deny summary: ipv4 %s, ipv6 %s (host summary: ipv4 %s, ipv6 %s), %d entries removed since the last rebuild\n",
+				onOff(st.Summary.IPv4), onOff(st.Summary.IPv6), onOff(st.Summary.HostIPv4), onOff(st.Summary.HostIPv6), st.Summary.Removed)
 			if st.Summary.Error != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "deny summary: not in use: %s\n", st.Summary.Error)
 			}
