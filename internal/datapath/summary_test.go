@@ -69,44 +69,57 @@ func TestSummaryMarks(t *testing.T) {
 	}
 }
 
-// TestDenySummaryOr runs the control plane's bit writer: it ORs, leaving
-// the bits already set, and refuses a block past the map.
+// TestDenySummaryOr runs the control plane's bit writers, of the summary
+// and of the host summary: each ORs into its own map, leaving the bits
+// already set, and refuses a block past the map.
 func TestDenySummaryOr(t *testing.T) {
 	spec, err := LoadMoat()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var objs struct {
-		Or      *ebpf.Program `ebpf:"deny_summary_or"`
-		Summary *ebpf.Map     `ebpf:"deny_summary"`
-	}
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer objs.Or.Close()
-	defer objs.Summary.Close()
-	var have MoatSummaryBlock
-	have.W[3], have.W[63] = 0b0101, 1<<63
-	if err := objs.Summary.Put(uint32(7), &have); err != nil {
-		t.Fatal(err)
-	}
-	args := MoatSummaryOrArgs{Block: 7}
-	args.W[3], args.W[0] = 0b1010, 1
-	if ret, err := objs.Or.Run(&ebpf.RunOptions{Context: args}); err != nil || ret != 0 {
-		t.Fatalf("run: %d, %v", ret, err)
-	}
-	var got MoatSummaryBlock
-	if err := objs.Summary.Lookup(uint32(7), &got); err != nil {
-		t.Fatal(err)
-	}
-	want := have
-	want.W[3], want.W[0] = 0b1111, 1
-	if got != want {
-		t.Errorf("block after the OR: words 0, 3, 63 = %#x %#x %#x, want %#x %#x %#x",
-			got.W[0], got.W[3], got.W[63], want.W[0], want.W[3], want.W[63])
-	}
-	args.Block = uint32(MoatDenySummaryGeometrySUMMARY_BLOCKS)
-	if ret, err := objs.Or.Run(&ebpf.RunOptions{Context: args}); err != nil || int32(ret) != -1 {
-		t.Errorf("block past the map: %d, %v; want -1", int32(ret), err)
+	defer coll.Close()
+	for _, c := range []struct{ prog, summary, other string }{
+		{MoatProgDenySummaryOr, MoatMapDenySummary, MoatMapDenyHostSummary},
+		{MoatProgDenyHostSummaryOr, MoatMapDenyHostSummary, MoatMapDenySummary},
+	} {
+		t.Run(c.prog, func(t *testing.T) {
+			or, summary, other := coll.Programs[c.prog], coll.Maps[c.summary], coll.Maps[c.other]
+			for _, m := range []*ebpf.Map{summary, other} {
+				if err := ClearSummaryBlocks(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var have MoatSummaryBlock
+			have.W[3], have.W[63] = 0b0101, 1<<63
+			if err := summary.Put(uint32(7), &have); err != nil {
+				t.Fatal(err)
+			}
+			args := MoatSummaryOrArgs{Block: 7}
+			args.W[3], args.W[0] = 0b1010, 1
+			if ret, err := or.Run(&ebpf.RunOptions{Context: args}); err != nil || ret != 0 {
+				t.Fatalf("run: %d, %v", ret, err)
+			}
+			var got MoatSummaryBlock
+			if err := summary.Lookup(uint32(7), &got); err != nil {
+				t.Fatal(err)
+			}
+			want := have
+			want.W[3], want.W[0] = 0b1111, 1
+			if got != want {
+				t.Errorf("block after the OR: words 0, 3, 63 = %#x %#x %#x, want %#x %#x %#x",
+					got.W[0], got.W[3], got.W[63], want.W[0], want.W[3], want.W[63])
+			}
+			if err := other.Lookup(uint32(7), &got); err != nil || got != (MoatSummaryBlock{}) {
+				t.Errorf("%s block 7 after writing %s: %v, %v; want untouched", c.other, c.summary, got.W[:4], err)
+			}
+			args.Block = uint32(MoatDenySummaryGeometrySUMMARY_BLOCKS)
+			if ret, err := or.Run(&ebpf.RunOptions{Context: args}); err != nil || int32(ret) != -1 {
+				t.Errorf("block past the map: %d, %v; want -1", int32(ret), err)
+			}
+		})
 	}
 }

@@ -68,17 +68,34 @@ func (s *Shield) markDeny(entries []Entry) error {
 	if st.Built == 0 {
 		return nil // not built: the data path looks every source up
 	}
-	marks, hosts := datapath.SummaryMarks{}, datapath.SummaryMarks{}
+	m := newDenyMarks()
 	for _, e := range entries {
-		marks.Add(e.Prefix)
-		if rules.IsHost(e.Prefix) {
-			hosts.Add(e.Prefix)
-		}
+		m.add(e.Prefix)
 	}
-	if err := s.orSummary(datapath.MoatMapDenySummary, marks); err != nil {
+	return s.orDenyMarks(m)
+}
+
+// denyMarks are the bits denylist entries need: in the summary for every
+// entry, in the host summary for exact hosts.
+type denyMarks struct{ all, hosts datapath.SummaryMarks }
+
+func newDenyMarks() denyMarks {
+	return denyMarks{all: datapath.SummaryMarks{}, hosts: datapath.SummaryMarks{}}
+}
+
+func (m denyMarks) add(p netip.Prefix) {
+	m.all.Add(p)
+	if rules.IsHost(p) {
+		m.hosts.Add(p)
+	}
+}
+
+// orDenyMarks sets m's bits in both summaries.
+func (s *Shield) orDenyMarks(m denyMarks) error {
+	if err := s.orSummary(datapath.MoatMapDenySummary, m.all); err != nil {
 		return err
 	}
-	return s.orSummary(datapath.MoatMapDenyHostSummary, hosts)
+	return s.orSummary(datapath.MoatMapDenyHostSummary, m.hosts)
 }
 
 // noteRemoved counts removed denylist entries and rebuilds the summary once
@@ -283,22 +300,13 @@ func (s *Shield) RebuildDenySummary() error {
 	if err := waitForPrograms(); err != nil {
 		return err
 	}
-	marks, hosts := datapath.SummaryMarks{}, datapath.SummaryMarks{}
+	m := newDenyMarks()
 	for _, read := range s.listReaders(DenyList) {
-		err := read(func(r listRule) {
-			marks.Add(r.prefix)
-			if rules.IsHost(r.prefix) {
-				hosts.Add(r.prefix)
-			}
-		})
-		if err != nil {
+		if err := read(func(r listRule) { m.add(r.prefix) }); err != nil {
 			return fmt.Errorf("read the denylist: %w", err)
 		}
 	}
-	if err := s.orSummary(datapath.MoatMapDenySummary, marks); err != nil {
-		return err
-	}
-	if err := s.orSummary(datapath.MoatMapDenyHostSummary, hosts); err != nil {
+	if err := s.orDenyMarks(m); err != nil {
 		return err
 	}
 	return s.writeSummaryState(SummaryState{Ready: summaryFamilies | hostSummaryFamilies, Built: summaryFormat})
