@@ -318,10 +318,11 @@ SEC("xdp")
 int flood_count(struct xdp_md *ctx)
 {
 	struct packet p = {};
+	int ret = parse_packet(ctx, &p);
 	__u32 slot;
 	__u64 *n;
 
-	if (parse_packet(ctx, &p) == PARSE_MALFORMED)
+	if (ret == PARSE_MALFORMED || ret == PARSE_EVASIVE)
 		slot = FLOOD_COUNT_MALFORMED;
 	else if (p.family == 0 || !p.has_l4)
 		slot = FLOOD_COUNT_OTHER;

@@ -69,6 +69,10 @@ int moat_filter(struct xdp_md *ctx)
 	ret = parse_packet(ctx, &pkt);
 	if (ret == PARSE_NON_IP)
 		return verdict(ctx, REASON_NON_IP, XDP_PASS);
+	/* Headers the stack would see through and the filter cannot: no
+	 * policy passes them, or they would pass every rule (parsing.h). */
+	if (ret == PARSE_EVASIVE)
+		return verdict(ctx, REASON_MALFORMED, XDP_DROP);
 	if (ret == PARSE_MALFORMED && (!pkt.addr_ok || cfg->malformed == MALFORMED_DROP))
 		return verdict(ctx, REASON_MALFORMED,
 			       cfg->malformed == MALFORMED_DROP ? XDP_DROP : XDP_PASS);

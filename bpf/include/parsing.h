@@ -2,7 +2,8 @@
 /* Header parsing with a cursor. Each parse_*() checks its bounds against
  * both the end of the frame and the end that the IP header declares, and
  * advances the cursor. Nothing here lets a packet skip a rule: a header we
- * cannot make sense of ends parsing with PARSE_MALFORMED. */
+ * cannot make sense of ends parsing with PARSE_MALFORMED, or PARSE_EVASIVE
+ * when the stack would still make sense of it. */
 #ifndef MOAT_PARSING_H
 #define MOAT_PARSING_H
 
@@ -26,12 +27,20 @@
 
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1FFF
-#define IP6_OFFSET 0xFFF8 /* fragment offset bits of frag_off, network order swapped */
+#define IP6_OFFSET 0xFFF8 /* fragment offset bits of frag_off, host order */
+#define IP6_MF 0x0001     /* more fragments, host order */
 
 enum parse_result {
 	PARSE_OK = 0,
 	PARSE_NON_IP = 1,
+	/* Truncated or inconsistent headers, which the stack discards too. */
 	PARSE_MALFORMED = 2,
+	/* Headers the filter does not see through but the stack does, so
+	 * that a rule would be skipped: a third VLAN tag, an IPv6 extension
+	 * chain past the bound, an IPv4 TCP fragment at offset 8 bytes (RFC
+	 * 1858), a first fragment that cuts its TCP, UDP or ICMP header (the
+	 * stack reassembles it whole). No malformed policy passes them. */
+	PARSE_EVASIVE = 3,
 };
 
 struct vlan_hdr {
@@ -50,6 +59,7 @@ struct cursor {
 	void *pos;
 	void *end;    /* end of the bytes the program can read (data_end) */
 	void *l3_end; /* end of the IP datagram as its header declares */
+	int first_fragment; /* offset 0 with more to come: L4 may go on past l3_end */
 };
 
 /* The TCP options moat reads (tcp_options.h). */
@@ -125,7 +135,7 @@ static __always_inline int parse_eth(struct cursor *c, struct packet *p, __u16 *
 	}
 	/* More tags than we look through: refuse rather than guess. */
 	if (*proto == bpf_htons(ETH_P_8021Q) || *proto == bpf_htons(ETH_P_8021AD))
-		return PARSE_MALFORMED;
+		return PARSE_EVASIVE;
 	return PARSE_OK;
 }
 
@@ -166,8 +176,10 @@ static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *
 		/* RFC 1858: an offset of 8 bytes can only serve to overwrite
 		 * the TCP flags of the first fragment. */
 		if ((frag & IP_OFFSET) == 1 && iph->protocol == IPPROTO_TCP)
-			return PARSE_MALFORMED;
+			return PARSE_EVASIVE;
 		p->fragment = 1;
+	} else if (frag & IP_MF) {
+		c->first_fragment = 1;
 	}
 	c->l3_end = c->pos + tot_len;
 	c->pos += hdr_len;
@@ -222,6 +234,8 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 				*l4proto = nexthdr;
 				return PARSE_OK;
 			}
+			if (bpf_ntohs(fh->frag_off) & IP6_MF)
+				c->first_fragment = 1;
 			continue;
 		}
 		if ((void *)(oh + 1) > c->end || (void *)(oh + 1) > c->l3_end)
@@ -235,9 +249,10 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 		nexthdr = oh->nexthdr;
 		c->pos += len;
 	}
-	/* A chain longer than the bound is refused, never skipped. */
+	/* A chain longer than the bound is refused, never skipped: the stack
+	 * walks chains of any length. */
 	if (is_ipv6_ext(nexthdr))
-		return PARSE_MALFORMED;
+		return PARSE_EVASIVE;
 	*l4proto = nexthdr;
 	return PARSE_OK;
 }
@@ -333,7 +348,10 @@ static __always_inline int parse_frame(void *data, void *data_end, struct packet
 	p->l4proto = l4proto;
 	if (p->fragment)
 		return PARSE_OK;
-	return parse_l4(&c, p, data);
+	ret = parse_l4(&c, p, data);
+	if (ret == PARSE_MALFORMED && c.first_fragment)
+		return PARSE_EVASIVE;
+	return ret;
 }
 
 /* Parses an XDP frame, every header chain included. */

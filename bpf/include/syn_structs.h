@@ -63,7 +63,7 @@ enum syn_cookie_bits {
 	SYN_COOKIE_MSG_TS = 1 << 16,
 	SYN_TS_HASH_MASK = 0xff, /* TSval bits that carry hash bits */
 	SYN_TS_HASH_SHIFT = 32,  /* where in the 64-bit hash they come from */
-	SYN_TS_OFFSET_SHIFT = 40, /* the TSval offset: the hash's top 24 bits */
+	SYN_TS_OFFSET_SHIFT = 32, /* the TSval offset: the hash's top 32 bits */
 };
 
 /* What moat does with SYNs to a port. */

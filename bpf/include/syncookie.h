@@ -364,8 +364,9 @@ static __always_inline __u32 syn_cookie_of(__u64 h, __u32 meta)
 	return ((__u32)h & ~(__u32)SYN_COOKIE_META_MASK) | (meta & SYN_COOKIE_META_MASK);
 }
 
-/* moat's TSval: a millisecond clock moved by a keyed per-connection offset,
- * with 8 more hash bits in its low byte (syn_structs.h). */
+/* moat's TSval: a millisecond clock moved by a keyed per-connection offset
+ * of 32 bits, as wide as the kernel's own, so that it tells nothing of the
+ * host's uptime; with 8 more hash bits in its low byte (syn_structs.h). */
 static __always_inline __u32 syn_tsval(__u64 h, __u64 now_ns)
 {
 	__u32 ms = (__u32)(now_ns / 1000000) + (__u32)(h >> SYN_TS_OFFSET_SHIFT);
@@ -996,10 +997,12 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	return XDP_TX;
 
 refuse:
-	/* Where the kernel takes no cookie handshake (tcp_syncookies 0, as
-	 * last read for a SYN to this port on this CPU), the port is not in
-	 * cookie mode at all: these SYNs are the kernel's too. */
-	if (st->net_jiffies && !(st->net_settings & SYN_NET_COOKIES))
+	/* A SYN for no listener of this host (routed on, another namespace,
+	 * NAT) is the kernel's business whatever its shape: a Fast Open SYN
+	 * routed through keeps its data. Where the kernel takes no cookie
+	 * handshake (tcp_syncookies 0), the port is not in cookie mode at
+	 * all: these SYNs are the kernel's too. */
+	if (!syn_local_listener(ctx, p, st) || !(st->net_settings & SYN_NET_COOKIES))
 		return SYN_CONTINUE;
 	st->syns_dropped++;
 	return XDP_DROP;
@@ -1142,7 +1145,13 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 		st = syn_counters_of(port);
 		if (!st)
 			return SYN_CONTINUE;
-		return syn_check_ack(ctx, p, st, syn_clock(st, p));
+		now = syn_clock(st, p);
+		/* Only a SYN clears flooding after the hold time: on a port that
+		 * gets none once the flood is over, the flood is over all the
+		 * same, and so is ACK filtering. */
+		if (port->mode == SYN_MODE_AUTO && (__s64)(now - port->flood_until_ns) > 0)
+			return SYN_CONTINUE;
+		return syn_check_ack(ctx, p, st, now);
 	}
 	return SYN_CONTINUE;
 }

@@ -151,7 +151,9 @@ func filterCases() []filterCase {
 		drop("qinq tcp6 port", testpkt.Frame{Tags: testpkt.QinQ(100, 200), Net: testpkt.IPv6{Src: src6, Dst: dst6}, L4: tcpOpts}.Bytes(), rPortDrop, dropTCP22),
 		pass("qinq no rules", testpkt.Frame{Tags: testpkt.QinQ(100, 200), Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: tcpOpts}.Bytes(), rPass, nil),
 		drop("three tags", testpkt.Frame{Tags: threeTags, Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: tcpOpts}.Bytes(), rMalformed, nil),
-		pass("three tags malformed pass", testpkt.Frame{Tags: threeTags, Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: tcpOpts}.Bytes(), rMalformed, malformedPassPolicy),
+		// A third tag hides the packet from every rule, and a host with
+		// stacked VLAN devices would deliver it: no policy passes it.
+		drop("three tags, malformed pass", testpkt.Frame{Tags: threeTags, Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: tcpOpts}.Bytes(), rMalformed, malformedPassPolicy),
 		drop("vlan tag cut short", testpkt.Frame{Tags: testpkt.VLAN(10), Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: tcpOpts}.Bytes()[:16], rMalformed, nil),
 
 		// IPv4 header checks.
@@ -174,7 +176,8 @@ func filterCases() []filterCase {
 		drop("ipv6 atomic fragment", v6ext(testpkt.Fragment{ID: 1}), rPortDrop, dropTCP22),
 		drop("ipv6 chain of 8", v6ext(chain(8)...), rPortDrop, dropTCP22),
 		drop("ipv6 chain of 9", v6ext(chain(9)...), rMalformed, nil),
-		drop("ipv6 chain of 9 denied, malformed pass", v6ext(chain(9)...), rDeny, both(denySrc, malformedPassPolicy)),
+		drop("ipv6 chain of 9, malformed pass", v6ext(chain(9)...), rMalformed, both(dropTCP22, malformedPassPolicy)),
+		drop("ipv6 chain of 9 allowed, malformed pass", v6ext(chain(9)...), rMalformed, both(func(f *fixture) { f.allow("2001:db8::/32") }, malformedPassPolicy)),
 		drop("ipv6 ext past payload length", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 4, Ext: []testpkt.IPv6Ext{testpkt.HopByHop{}}}, L4: tcpOpts}.Bytes(), rMalformed, nil),
 		drop("ipv6 payload length past frame", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 37}, L4: tcpOpts}.Bytes(), rMalformed, nil),
 		drop("ipv6 payload length cuts tcp", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 19}, L4: tcpOpts}.Bytes(), rMalformed, nil),
@@ -189,8 +192,20 @@ func filterCases() []filterCase {
 		drop("ipv4 non-first fragment denied", v4frag(src4, true, 185, fragData), rDeny, denySrc),
 		pass("ipv4 non-first fragment allowed", v4frag(src4, true, 185, fragData), rAllow, both(fragDropPolicy, func(f *fixture) { f.allow("10.1.2.0/24") })),
 		drop("ipv4 offset 1 tcp", v4frag(src4, true, 1, fragData), rMalformed, nil),
-		drop("ipv4 offset 1 tcp denied, malformed pass", v4frag(src4, true, 1, fragData), rDeny, both(denySrc, malformedPassPolicy)),
-		pass("ipv4 offset 1 tcp malformed pass", v4frag(src4, true, 1, fragData), rMalformed, malformedPassPolicy),
+		// Packets the stack reassembles or walks whole while the filter
+		// cannot see their ports or flags: dropped whatever the malformed
+		// policy, or a drop rule for the port they reach would be skipped.
+		drop("ipv4 offset 1 tcp, malformed pass", v4frag(src4, true, 1, fragData), rMalformed, both(dropTCP22, malformedPassPolicy)),
+		drop("ipv4 offset 1 tcp allowed, malformed pass", v4frag(src4, true, 1, fragData), rMalformed, both(func(f *fixture) { f.allow("10.1.2.0/24") }, malformedPassPolicy)),
+		drop("ipv4 tiny first fragment, malformed pass", v4frag(src4, true, 0, testpkt.Payload{Proto: testpkt.ProtoTCP, Data: make([]byte, 8)}), rMalformed, both(dropTCP22, malformedPassPolicy)),
+		drop("ipv4 first fragment cutting tcp options, malformed pass", v4frag(src4, true, 0, testpkt.TCP{DstPort: 22, SYN: true, DataOffset: 15}), rMalformed, both(dropTCP22, malformedPassPolicy)),
+		drop("ipv4 tiny first udp fragment, malformed pass", v4frag(src4, true, 0, testpkt.Payload{Proto: testpkt.ProtoUDP, Data: make([]byte, 4)}), rMalformed, malformedPassPolicy),
+		drop("ipv4 tiny first icmp fragment, malformed pass", v4frag(src4, true, 0, testpkt.Payload{Proto: testpkt.ProtoICMP, Data: []byte{8, 0, 0, 0}}), rMalformed, malformedPassPolicy),
+		drop("ipv6 first fragment without tcp header, malformed pass", v6frag(src6, true, 0, testpkt.Payload{Proto: testpkt.ProtoTCP, Data: make([]byte, 12)}), rMalformed, both(dropTCP22, malformedPassPolicy)),
+		// The same header cut short in a whole packet is one the stack
+		// discards too: the policy decides.
+		pass("tcp data offset past segment, malformed pass", testpkt.TCPv4(src4, dst4, testpkt.TCP{DstPort: 22, SYN: true, DataOffset: 15}), rMalformed, both(dropTCP22, malformedPassPolicy)),
+		pass("ipv6 atomic fragment without tcp header, malformed pass", v6frag(src6, false, 0, testpkt.Payload{Proto: testpkt.ProtoTCP, Data: make([]byte, 12)}), rMalformed, malformedPassPolicy),
 		pass("ipv4 offset 1 udp", v4frag(src4, true, 1, testpkt.Payload{Proto: testpkt.ProtoUDP, Data: make([]byte, 16)}), rFragment, nil),
 		drop("ipv6 first fragment port", v6frag(src6, true, 0, tcpOpts), rPortDrop, dropTCP22),
 		drop("ipv6 first fragment without tcp header", v6frag(src6, true, 0, testpkt.Payload{Proto: testpkt.ProtoTCP, Data: make([]byte, 12)}), rMalformed, nil),

@@ -368,7 +368,7 @@ const (
 	MoatSynCookieBitsSYN_COOKIE_MSG_TS      MoatSynCookieBits = 65536
 	MoatSynCookieBitsSYN_TS_HASH_MASK       MoatSynCookieBits = 255
 	MoatSynCookieBitsSYN_TS_HASH_SHIFT      MoatSynCookieBits = 32
-	MoatSynCookieBitsSYN_TS_OFFSET_SHIFT    MoatSynCookieBits = 40
+	MoatSynCookieBitsSYN_TS_OFFSET_SHIFT    MoatSynCookieBits = 32
 )
 
 type MoatSynCookieMsg struct {

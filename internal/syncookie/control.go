@@ -39,6 +39,23 @@ const (
 // the period the data path assumes when Config.RotationPeriod is zero.
 const DefaultRotation = time.Minute
 
+// MinRotation and MaxRotation bound the rotation period: shorter, cookies
+// expire within a slow client's round trips; longer, the data path's
+// arithmetic on the period (StaleAfter, in nanoseconds) would overflow, and
+// a key would sign for days.
+const (
+	MinRotation = time.Second
+	MaxRotation = 24 * time.Hour
+)
+
+// CheckRotation tells whether d may be a rotation period.
+func CheckRotation(d time.Duration) error {
+	if d < MinRotation || d > MaxRotation {
+		return fmt.Errorf("%s is out of range: the key rotation period must be between %s and %s", d, MinRotation, MaxRotation)
+	}
+	return nil
+}
+
 // StaleAfter is how old the last rotation may get, for a rotation period,
 // before the data path takes the rotator for dead and stops issuing and
 // accepting moat cookies (SYNs go to the kernel): two periods, a key's

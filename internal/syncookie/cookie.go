@@ -32,7 +32,7 @@ const (
 	msgTS         = 1 << 16
 	tsHashMask    = 0xff
 	tsHashShift   = 32
-	tsOffsetShift = 40
+	tsOffsetShift = 32
 )
 
 // MSSTable is the MSS values a cookie can carry. IPv6 raises entries below

@@ -123,3 +123,26 @@ func TestListensOn(t *testing.T) {
 		t.Error("an established socket on 80 taken for a listener")
 	}
 }
+
+// TestTSvalOffsetHidesUptime: the TSval offset is as wide as the kernel's
+// own (32 bits), so the smallest TSval of many connections tells nothing
+// of the clock. With a narrower offset every TSval would lie within its
+// range above the clock.
+func TestTSvalOffsetHidesUptime(t *testing.T) {
+	const uptimeMS = uint32(30 * 24 * 3600 * 1000)
+	k := Key{0x0123456789abcdef, 0xfedcba9876543210}
+	meta := Meta(1460, true, 7, true, true, false, 1, false)
+	const n = 1000
+	above := 0 // TSvals more than 2^28 ms (3.1 days) above the clock
+	for i := range n {
+		tuple := Tuple{netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i)}), uint16(40000+i)), netip.MustParseAddrPort("192.0.2.1:443")}
+		_, ts := CookieTS(k, tuple, uint32(i)*2654435761, meta, uptimeMS)
+		if ts-uptimeMS >= 1<<28 {
+			above++
+		}
+	}
+	// Uniform offsets put 15/16 of them there.
+	if above < n*85/100 {
+		t.Errorf("%d of %d TSvals more than 2^28 ms above the clock, want about 15/16", above, n)
+	}
+}

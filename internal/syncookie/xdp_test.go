@@ -984,9 +984,13 @@ func TestAutoModeSwitches(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 		// No SYN since: the data path still has the flag set, but the
-		// hold time is over and status says so.
+		// hold time is over, status says so, and ACK filtering is over
+		// too.
 		if s := state(); s.Flooding {
 			t.Fatalf("status %+v after the hold time, want not flooding", s)
+		}
+		if ret, _ := run(t, objs.MoatFilter, random); ret != 2 {
+			t.Fatalf("random ACK after the hold time, no SYN since: verdict %d, want XDP_PASS", ret)
 		}
 		if ret, _ := run(t, objs.MoatFilter, syn); ret != 2 {
 			t.Fatalf("SYN after the hold time: verdict %d, want XDP_PASS", ret)
@@ -1122,6 +1126,14 @@ func TestRoutedDestinations(t *testing.T) {
 			// jiffy must be the same.
 			check(c.name+" again", synFrame(nil, c.client, c.server, testpkt.TCP{}), c.want)
 		}
+		// SYNs cookie mode will not answer are dropped only when they
+		// are a local listener's: a Fast Open SYN routed through keeps
+		// its data, and a SYN+FIN routed on is the kernel's to judge.
+		tfo := testpkt.TCP{Payload: []byte("GET / HTTP/1.0\r\n\r\n")}
+		check("ipv4 fast open syn for an own address", synFrame(nil, client4, server4, tfo), 1)
+		check("ipv4 fast open syn routed on", synFrame(nil, client4, far4, tfo), 2)
+		check("ipv6 fast open syn routed on", synFrame(nil, client6, far6, tfo), 2)
+		check("ipv4 syn+fin routed on", synFrame(nil, client4, far4, testpkt.TCP{FIN: true}), 2)
 		check("ipv4 stray ack for an own address", ackFrameOpts(client4, server4, protectedPort, clientISN+1, 12345, false, nil), 1)
 		check("ipv6 stray ack for an own address", ackFrameOpts(client6, server6, protectedPort, clientISN+1, 12345, false, nil), 1)
 		check("ipv4 ack routed on", ackFrameOpts(client4, far4, protectedPort, clientISN+1, 12345, false, nil), 2)
@@ -1151,7 +1163,7 @@ func TestRoutedDestinations(t *testing.T) {
 			}
 		})
 	}
-	if len(results) != 16 {
-		t.Fatalf("%d cases ran, want 16", len(results))
+	if len(results) != 20 {
+		t.Fatalf("%d cases ran, want 20", len(results))
 	}
 }
