@@ -304,7 +304,8 @@ func ReadPortTable(ports, counters, census *ebpf.Map) (*PortTable, error) {
 
 // Protect sets the mode of a TCP port. threshold is the SYN rate per second
 // that auto mode takes for a flood (0: DefaultThreshold). Protecting a port
-// resets its counters and flood state; ModeOff removes it. A protected port
+// resets its counters and flood detection, but not the acceptance of the
+// cookies it issued; ModeOff removes it. A protected port
 // keeps its slot of syn_counters, named in its syn_ports entry; a newly
 // protected one takes the lowest free slot.
 func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
@@ -353,6 +354,16 @@ func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
 	v := datapath.MoatSynPort{Mode: uint8(mode), WindowThreshold: perWindow, Slot: slot}
+	// Cookies the port issued until now come back in ACKs for a cookie
+	// lifetime: in auto mode the tc acceptor takes them only that long
+	// after the last flood, so the new entry carries it on, and a port
+	// that answered every SYN counts as flooded until now. Flood
+	// detection itself starts over.
+	if protected && (Mode(cur.Mode) == ModeAlways || cur.Flooding != 0) {
+		v.LastFloodNs = bootNow()
+	} else if protected {
+		v.LastFloodNs = cur.LastFloodNs
+	}
 	if err := t.ports.Update(key, v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}

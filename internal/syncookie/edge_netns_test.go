@@ -464,3 +464,61 @@ func TestKernelCookieACKs(t *testing.T) {
 		})
 	}
 }
+
+// TestCookiesOutliveAModeChange: cookies a port issued in always mode come
+// back in ACKs for a round trip after the operator moves the port to auto
+// (no flood now) or never. The tc acceptor must still take them for the
+// cookie lifetime; a port that never issued cookies takes none.
+func TestCookiesOutliveAModeChange(t *testing.T) {
+	s := newShieldedNoCensus(t, ModeAlways)
+	key := Key{K0: 0x5eed5eed5eed5eed, K1: 0x0ddba11c0ffee000}
+	if err := InstallKey(s.objs.SynKeys, s.objs.SynRotation, 2, key); err != nil {
+		t.Fatal(err)
+	}
+	_, accepted := echoServer(t, s.lab.Server)
+	send := rawSender(t, s.lab.Attacker)
+	ifc := s.lab.Attacker.Ifaces[0]
+	sport := uint16(31000)
+	// handshake sends the third ACK of a handshake moat answered with a
+	// cookie under key, and says whether the server accepted it.
+	handshake := func() bool {
+		sport++
+		const isn = 0x0badcafe
+		meta := Meta(1460, true, 7, true, true, false, 2, false)
+		tuple := Tuple{netip.AddrPortFrom(ifc.IPv4.Addr(), sport), netip.AddrPortFrom(ifc.PeerIPv4, labPort)}
+		send(testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC,
+			Net: testpkt.IPv4{Src: ifc.IPv4.Addr(), Dst: ifc.PeerIPv4},
+			L4:  testpkt.TCP{SrcPort: sport, DstPort: labPort, Seq: isn + 1, Ack: Cookie(key, tuple, isn, meta) + 1, ACK: true}}.Bytes())
+		select {
+		case c := <-accepted:
+			if got := c.RemoteAddr().(*net.TCPAddr).Port; got != int(sport) {
+				t.Fatalf("accepted a connection from port %d, want %d", got, sport)
+			}
+			return true
+		case <-time.After(time.Second):
+			return false
+		}
+	}
+	protect := func(m Mode) {
+		if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, m, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !handshake() {
+		t.Fatal("always mode: a valid cookie was not accepted")
+	}
+	for _, m := range []Mode{ModeAuto, ModeNever} {
+		protect(ModeAlways)
+		protect(m)
+		if !handshake() {
+			t.Errorf("always, then %s: a cookie issued before the change was refused", m)
+		}
+	}
+	// Unprotected, then auto with no flood: no cookie was ever issued,
+	// and none is taken.
+	protect(ModeOff)
+	protect(ModeAuto)
+	if handshake() {
+		t.Error("a port that issued no cookie accepted one")
+	}
+}
