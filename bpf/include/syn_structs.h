@@ -127,12 +127,16 @@ struct syn_port_stats {
 	__u32 net_ifindex;
 	__u32 net_settings;
 	/* syn_dest_local's last answer on this CPU: the destination (family
-	 * 4 or 6, address), the jiffy it was asked in, and whether the
-	 * kernel delivers packets for it here (1) or routes them on (0). */
+	 * 4 or 6, address) and the device it came in on (forwarding and
+	 * policy routing are per device), the jiffy it was asked in, and
+	 * whether the kernel delivers packets for it here (1) or routes them
+	 * on (0). */
 	__u8 local_addr[16];
 	__u64 local_jiffies;
-	__u32 local_family;
-	__u32 local;
+	__u8 local_family;
+	__u8 local;
+	__u16 local_pad;
+	__u32 local_ifindex;
 	/* The listener syn_sock_state last found on this CPU, in the jiffy
 	 * and on the device of net_jiffies and net_ifindex: the family and
 	 * destination it was asked for, and whether it is bound to the

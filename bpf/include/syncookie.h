@@ -533,9 +533,9 @@ _Static_assert(sizeof(((struct syn_port_stats *)0)->fib) == sizeof(struct bpf_fi
  * the ACK of a moat cookie, handed to the local listener, would die in the
  * forwarding path. The FIB says: a local destination is not forwarded;
  * with forwarding off on the device nothing is routed at all. Asked once
- * per jiffy per CPU and port for the same destination (st caches it); st
- * is the port's counters, whose clock_jiffies syn_clock set for this
- * packet. */
+ * per jiffy per CPU and port for the same destination and device (st
+ * caches it); st is the port's counters, whose clock_jiffies syn_clock set
+ * for this packet. */
 static __always_inline int syn_dest_local(struct xdp_md *ctx, const struct packet *p,
 					  struct syn_port_stats *st)
 {
@@ -548,7 +548,7 @@ static __always_inline int syn_dest_local(struct xdp_md *ctx, const struct packe
 	__builtin_memcpy(&c0, st->local_addr, 8);
 	__builtin_memcpy(&c1, st->local_addr + 8, 8);
 	if (st->local_jiffies == st->clock_jiffies && st->local_family == p->family &&
-	    a0 == c0 && a1 == c1)
+	    st->local_ifindex == ctx->ingress_ifindex && a0 == c0 && a1 == c1)
 		return st->local;
 
 	__builtin_memset(f, 0, sizeof(*f));
@@ -574,6 +574,7 @@ static __always_inline int syn_dest_local(struct xdp_md *ctx, const struct packe
 	st->local = ret < 0 || ret == BPF_FIB_LKUP_RET_NOT_FWDED || ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
 	st->local_jiffies = st->clock_jiffies;
 	st->local_family = p->family;
+	st->local_ifindex = ctx->ingress_ifindex;
 	__builtin_memcpy(st->local_addr, &a0, 8);
 	__builtin_memcpy(st->local_addr + 8, &a1, 8);
 	return st->local;

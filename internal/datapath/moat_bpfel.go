@@ -449,8 +449,10 @@ type MoatSynPortStats struct {
 	NetSettings     uint32
 	LocalAddr       [16]uint8
 	LocalJiffies    uint64
-	LocalFamily     uint32
-	Local           uint32
+	LocalFamily     uint8
+	Local           uint8
+	LocalPad        uint16
+	LocalIfindex    uint32
 	ListenerAddr    [16]uint8
 	ListenerFamily  uint8
 	ListenerWild    uint8

@@ -168,6 +168,23 @@ func run(t *testing.T, prog *ebpf.Program, frame []byte) (uint32, []byte) {
 	return ret, opts.DataOut
 }
 
+// xdpMD is the kernel's struct xdp_md, the context of a test run.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// runOn is run with the frame arriving on device ifindex of the calling
+// thread's namespace rather than on loopback.
+func runOn(t *testing.T, prog *ebpf.Program, frame []byte, ifindex int) uint32 {
+	t.Helper()
+	ret, err := prog.Run(&ebpf.RunOptions{Data: bytes.Clone(frame), DataOut: make([]byte, len(frame)+256),
+		Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)}})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	return ret
+}
+
 // synOpts is what a test SYN offers; the expected SYN-ACK and cookie are
 // derived from it, not from parsing the frame.
 type synOpts struct {
@@ -1135,6 +1152,30 @@ func TestRoutedDestinations(t *testing.T) {
 		check("ipv6 fast open syn routed on", synFrame(nil, client6, far6, tfo), 2)
 		check("ipv4 syn+fin routed on", synFrame(nil, client4, far4, testpkt.TCP{FIN: true}), 2)
 		check("ipv4 stray ack for an own address", ackFrameOpts(client4, server4, protectedPort, clientISN+1, 12345, false, nil), 1)
+		// Forwarding is per device: the same destination, in the same
+		// jiffy, is routed on from fwd0 and not from fwd1, which does not
+		// forward (and whose frames moat takes for its own, README).
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/fwd1/forwarding", []byte("0"), 0); err != nil {
+			t.Errorf("turn forwarding off on fwd1: %v", err)
+			return
+		}
+		peer, err := netlink.LinkByName("fwd1")
+		if err != nil {
+			t.Errorf("fwd1: %v", err)
+			return
+		}
+		routedOn, notForwarding := 0, 0
+		for range 20 {
+			if runOn(t, objs.MoatFilter, synFrame(nil, client4, far4, testpkt.TCP{}), veth.Index) == 2 {
+				routedOn++
+			}
+			if runOn(t, objs.MoatFilter, synFrame(nil, client4, far4, testpkt.TCP{}), peer.Attrs().Index) == 3 {
+				notForwarding++
+			}
+		}
+		results = append(results,
+			result{"ipv4 syn routed on from a forwarding device", uint32(routedOn), 20, 1},
+			result{"ipv4 syn from a device that does not forward", uint32(notForwarding), 20, 0})
 		check("ipv6 stray ack for an own address", ackFrameOpts(client6, server6, protectedPort, clientISN+1, 12345, false, nil), 1)
 		check("ipv4 ack routed on", ackFrameOpts(client4, far4, protectedPort, clientISN+1, 12345, false, nil), 2)
 		check("ipv6 ack routed on", ackFrameOpts(client6, far6, protectedPort, clientISN+1, 12345, false, nil), 2)
@@ -1155,6 +1196,12 @@ func TestRoutedDestinations(t *testing.T) {
 	})
 	for _, r := range results {
 		t.Run(r.name, func(t *testing.T) {
+			if strings.Contains(r.name, "device") { // counts of 20 runs
+				if r.ret != r.want {
+					t.Fatalf("%d of 20 runs as expected", r.ret)
+				}
+				return
+			}
 			if r.ret != r.want {
 				t.Fatalf("verdict %d, want %d", r.ret, r.want)
 			}
@@ -1163,7 +1210,7 @@ func TestRoutedDestinations(t *testing.T) {
 			}
 		})
 	}
-	if len(results) != 20 {
-		t.Fatalf("%d cases ran, want 20", len(results))
+	if len(results) != 22 {
+		t.Fatalf("%d cases ran, want 22", len(results))
 	}
 }
