@@ -39,6 +39,8 @@ func TestBadInput(t *testing.T) {
 	badPlain := write("bad.netset", "# list\n203.0.113.0/24\n100.64.0.0/10\n\n100.64.1.300\n172.16.0.0/12\n")
 	badJSON := write("bad.json", "{\n  \"deny\": [\n    {\"prefix\": \"100.64.0.0/10\"}\n  ],\n  \"portz\": []\n}\n")
 	overlapJSON := write("overlap.json", `{"ports": [{"rule": "tcp/6010-6020", "action": "allow"}]}`)
+	twiceJSON := write("twice.json", "{\n  \"deny\": [{\"prefix\": \"100.64.0.0/10\"}],\n  \"deny\": [{\"prefix\": \"100.65.0.0/16\"}]\n}\n")
+	badAddrJSON := write("badaddr.json", "{\"deny\": [\n  {\"prefix\": \"100.64.0.1\"},\n  {\"prefix\": \"10.5.0.300/32\"}\n]}\n")
 	longComment := strings.Repeat("c", 64)
 
 	tests := []struct {
@@ -101,6 +103,14 @@ func TestBadInput(t *testing.T) {
 		{"import missing file", []string{"import", filepath.Join(dir, "absent")}, "no such file"},
 		{"import bad list", []string{"import", "--list", "grey", badPlain}, "invalid list"},
 		{"import overlapping port rule", []string{"import", overlapJSON}, "overlaps"},
+		{"import JSON with a list twice", []string{"import", twiceJSON}, `twice.json:3: key "deny" given twice in one object`},
+		{"import JSON with a bad address", []string{"import", badAddrJSON}, `badaddr.json:3: invalid CIDR "10.5.0.300/32"`},
+		{"comment with a control character", []string{"block", "--comment", "\x1b[31mred", "100.64.0.0/10"}, "control character U+001B"},
+		{"policy given twice", []string{"policy", "fragments", "drop", "fragments", "pass"}, "policy fragments given twice"},
+		{"syn protect a port twice", []string{"syn", "protect", "tcp/443", "tcp/80", "tcp/443"}, "tcp/443 given twice"},
+		{"syn rotate period too long", []string{"syn", "rotate", "--every", "1500000h"}, "out of range"},
+		{"syn rotate period too short", []string{"syn", "rotate", "--every", "500ms"}, "out of range"},
+		{"detach --all with nothing attached", []string{"detach", "--all"}, "nothing attached under"},
 		{"policy bad value", []string{"policy", "fragments", "maybe"}, "fragments"},
 		{"policy second value bad", []string{"policy", "fragments", "pass", "malformed", "maybe"}, "malformed"},
 		{"policy unknown name", []string{"policy", "ttl", "drop"}, "unknown policy"},
@@ -149,6 +159,7 @@ func TestBadInputFreshRoot(t *testing.T) {
 		{"attach", "moat-nx0"},
 		{"stats", "--iface", "moat-nx0"},
 		{"policy", "fragments", "maybe"},
+		{"policy", "fragments", "drop", "fragments", "pass"},
 		{"syn", "protect", "tcp/443", "--mode", "off"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {

@@ -203,3 +203,25 @@ func TestImportLeavesOutExpired(t *testing.T) {
 		t.Errorf("deny after the import: %s", got)
 	}
 }
+
+// TestExportPlainLeavesOutExpired: a plain list has no expiry, so an entry
+// whose time is up (which the filter ignores) is left out rather than
+// written as a rule that a re-import would make permanent; entries whose
+// time is not up are written.
+func TestExportPlainLeavesOutExpired(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	moatHere(t, root, "block", "--ttl", "1s", "192.0.2.7", "2001:db8:7::/48")
+	moatHere(t, root, "block", "--ttl", "1h", "192.0.2.8")
+	moatHere(t, root, "block", "--comment", "kept", "192.0.2.9")
+	time.Sleep(1100 * time.Millisecond)
+	r := moatHere(t, root, "export", "--format", "plain")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "# moat denylist, 2 entries, exported ") ||
+		lines[1] != "192.0.2.8/32" || lines[2] != "192.0.2.9/32 # kept" {
+		t.Errorf("export --format plain:\n%s", r.stdout)
+	}
+	if r.stderr != "note: 2 expired entries left out\n" {
+		t.Errorf("stderr %q", r.stderr)
+	}
+}

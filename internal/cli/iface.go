@@ -92,6 +92,11 @@ func newDetachCmd(g *globals) *cobra.Command {
 				attached[a.Iface] = true
 			}
 			if all {
+				// Nothing to detach is not a last detach: the rules of a
+				// root set up before its first attach stay.
+				if len(atts) == 0 {
+					return usagef("nothing attached under %s; rules kept", g.root)
+				}
 				for _, a := range atts {
 					ifaces = append(ifaces, a.Iface)
 				}

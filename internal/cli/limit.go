@@ -167,6 +167,11 @@ func newLimitRemoveCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Limits are the config's, as for add: a removal behind the
+			// daemon's back would come back at its next reload.
+			if err := g.refuseIfManaged(); err != nil {
+				return err
+			}
 			s, m, err := openLimits(g, true)
 			if err != nil {
 				return err

@@ -244,6 +244,18 @@ func newPolicyCmd(g *globals) *cobra.Command {
 			return nil
 		}),
 		RunE: func(cmd *cobra.Command, a []string) error {
+			// Names first, before anything is opened: with a policy given
+			// twice, which value was meant is anyone's guess.
+			seen := map[string]bool{}
+			for i := 0; i < len(a); i += 2 {
+				if a[i] != "fragments" && a[i] != "malformed" {
+					return usagef("unknown policy %q: want fragments or malformed", a[i])
+				}
+				if seen[a[i]] {
+					return usagef("policy %s given twice", a[i])
+				}
+				seen[a[i]] = true
+			}
 			open := g.open
 			if len(a) == 0 { // only shows the policy
 				open = g.openState
@@ -263,8 +275,6 @@ func newPolicyCmd(g *globals) *cobra.Command {
 					set.Fragments = a[i+1]
 				case "malformed":
 					set.Malformed = a[i+1]
-				default:
-					return usagef("unknown policy %q: want fragments or malformed", a[i])
 				}
 			}
 			if err := set.Validate(); err != nil {

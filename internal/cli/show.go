@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -351,16 +352,27 @@ func newExportCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			rs, err := s.Snapshot()
+			if format == "json" {
+				rs, err := s.Snapshot()
+				if err != nil {
+					return err
+				}
+				return writeJSON(cmd.OutOrStdout(), rs)
+			}
+			l := shield.DenyList
+			if list == "allow" {
+				l = shield.AllowList
+			}
+			all, err := s.Entries(l)
 			if err != nil {
 				return err
 			}
-			if format == "json" {
-				return writeJSON(cmd.OutOrStdout(), rs)
-			}
-			entries := rs.Deny
-			if list == "allow" {
-				entries = rs.Allow
+			// A plain list has no expiry: an entry whose time is up, which
+			// the filter ignores, would come back for good when the file is
+			// imported.
+			entries := slices.DeleteFunc(all, func(e shield.Entry) bool { return !e.Live() })
+			if n := len(all) - len(entries); n > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d expired entries left out\n", n)
 			}
 			w := bufio.NewWriter(cmd.OutOrStdout())
 			fmt.Fprintf(w, "# moat %slist, %d entries, exported %s\n", list, len(entries), time.Now().UTC().Format(time.RFC3339))

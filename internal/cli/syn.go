@@ -108,6 +108,9 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if slices.Contains(ports, p) {
+					return usagef("port tcp/%d given twice", p)
+				}
 				ports = append(ports, p)
 			}
 			if cmd.Flags().Changed("threshold") {
@@ -119,9 +122,11 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 				}
 			}
 			if m == syncookie.ModeAlways || m == syncookie.ModeAuto {
+				// Decided before anything is written: a refusal, like a
+				// bad argument, whose remedy is the namespace's setting.
 				notes, err := syncookie.CheckSysctls()
 				if err != nil {
-					return fmt.Errorf("moat cannot issue cookies in this network namespace: %w", err)
+					return usagef("moat cannot issue cookies in this network namespace: %w", err)
 				}
 				for _, n := range notes {
 					fmt.Fprintf(cmd.ErrOrStderr(), "note: %s\n", n)
@@ -328,8 +333,10 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 		Short: "Install a new cookie key (cookies stay valid for one more rotation); with --every, keep rotating and keep the socket census current, as the daemon does",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cmd.Flags().Changed("every") && every < time.Second {
-				return usagef("--every must be at least 1s")
+			if cmd.Flags().Changed("every") {
+				if err := syncookie.CheckRotation(every); err != nil {
+					return usagef("invalid --every: %v", err)
+				}
 			}
 			if c, err := g.daemon(); err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -94,13 +95,20 @@ func (a *Action) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// ValidateComment checks that a comment fits the data path's comment map.
+// ValidateComment checks that a comment fits the data path's comment map
+// and prints as it reads: listings write comments as they are, so a
+// control character (an escape sequence, a tab) would act on the terminal
+// or the columns.
 func ValidateComment(c string) error {
 	if len(c) > MaxCommentLen {
 		return fmt.Errorf("comment is %d bytes long, at most %d fit", len(c), MaxCommentLen)
 	}
 	if !utf8.ValidString(c) || strings.ContainsAny(c, "\x00\n") {
 		return fmt.Errorf("comment must be one line of UTF-8 text")
+	}
+	if i := strings.IndexFunc(c, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(c[i:])
+		return fmt.Errorf("comment holds the control character %U; write printable text", r)
 	}
 	return nil
 }
@@ -199,12 +207,12 @@ func ReadRuleset(name string, r io.Reader, plainList string) (*Ruleset, error) {
 func readJSON(name string, data []byte) (*Ruleset, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var rs Ruleset
-	if err := dec.Decode(&rs); err != nil {
+	var file fileRuleset
+	if err := dec.Decode(&file); err != nil {
 		// encoding/json reports most errors only once the whole object is
 		// read, so its offset names the last line; find the culprit.
 		if _, syntax := err.(*json.SyntaxError); !syntax {
-			if off, e := locateJSONError(data, reflect.TypeOf(rs)); e != nil {
+			if off, e := locateJSONError(data, reflect.TypeOf(file)); e != nil {
 				return nil, fmt.Errorf("%s:%d: %v", name, lineOf(data, off, nil), jsonMessage(e))
 			}
 		}
@@ -213,11 +221,12 @@ func readJSON(name string, data []byte) (*Ruleset, error) {
 	if dec.More() {
 		return nil, fmt.Errorf("%s: trailing data after the JSON object", name)
 	}
-	for _, l := range [][]PrefixEntry{rs.Allow, rs.Deny} {
-		for i := range l {
-			l[i].Hits = 0
-		}
+	// encoding/json takes the last of two equal keys (a second "deny"
+	// replaces the first): refuse what it would silently drop.
+	if off, key := repeatedKey(data); off >= 0 {
+		return nil, fmt.Errorf("%s:%d: key %q given twice in one object", name, lineOf(data, int64(off), nil), key)
 	}
+	rs := Ruleset{Allow: file.Allow.entries(), Deny: file.Deny.entries(), Ports: file.Ports, Settings: file.Settings}
 	for i := range rs.Ports {
 		rs.Ports[i].Hits = 0
 	}
@@ -225,6 +234,134 @@ func readJSON(name string, data []byte) (*Ruleset, error) {
 		return nil, fmt.Errorf("%s: %v", name, err)
 	}
 	return &rs, nil
+}
+
+// fileRuleset is Ruleset as a file gives it: prefixes and times are read
+// by moat's own parsers, so a bare address is a host as on the command
+// line, and errors say what is wrong in the words the command line uses.
+type fileRuleset struct {
+	Allow    fileEntries `json:"allow"`
+	Deny     fileEntries `json:"deny"`
+	Ports    []PortEntry `json:"ports"`
+	Settings *Settings   `json:"settings,omitempty"`
+}
+
+type fileEntries []fileEntry
+
+type fileEntry struct {
+	Prefix  filePrefix `json:"prefix"`
+	Expires *fileTime  `json:"expires,omitempty"`
+	Comment string     `json:"comment,omitempty"`
+	Hits    uint64     `json:"hits,omitempty"` // written by export, ignored by import
+}
+
+// entries converts, leaving the hits out.
+func (fs fileEntries) entries() []PrefixEntry {
+	if fs == nil {
+		return nil
+	}
+	out := make([]PrefixEntry, len(fs))
+	for i, f := range fs {
+		out[i] = PrefixEntry{Prefix: netip.Prefix(f.Prefix), Comment: f.Comment}
+		if f.Expires != nil {
+			t := time.Time(*f.Expires)
+			out[i].Expires = &t
+		}
+	}
+	return out
+}
+
+type filePrefix netip.Prefix
+
+func (p *filePrefix) UnmarshalJSON(b []byte) error {
+	s, ok := jsonString(b)
+	if !ok {
+		return fmt.Errorf("invalid prefix %s: want an address or CIDR in quotes, such as \"192.0.2.0/24\"", b)
+	}
+	v, err := ParsePrefix(s)
+	if err != nil {
+		return err
+	}
+	*p = filePrefix(v)
+	return nil
+}
+
+// fileTime is an expiry as export writes it.
+type fileTime time.Time
+
+func (t *fileTime) UnmarshalJSON(b []byte) error {
+	s, ok := jsonString(b)
+	v, err := time.Parse(time.RFC3339, s)
+	if !ok || err != nil {
+		return fmt.Errorf("invalid expiry %s: want an RFC 3339 time such as \"2030-01-02T15:04:05Z\"", b)
+	}
+	*t = fileTime(v)
+	return nil
+}
+
+// jsonString reads a JSON string value.
+func jsonString(b []byte) (string, bool) {
+	if len(b) < 2 || b[0] != '"' {
+		return "", false
+	}
+	if bytes.IndexByte(b, '\\') < 0 { // the usual case, without a decoder
+		return string(b[1 : len(b)-1]), true
+	}
+	var s string
+	return s, json.Unmarshal(b, &s) == nil
+}
+
+// repeatedKey returns the offset of the first key in data that an earlier
+// key of the same object matches as encoding/json matches keys to fields
+// (without regard to case), and the key; -1 if none does. data must be
+// valid JSON.
+func repeatedKey(data []byte) (int, string) {
+	var objects []bool  // per open value: an object, not an array
+	var keys [][][]byte // per depth: the keys of the object open there; reused
+	expectKey := false
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; c {
+		case '{', '[':
+			d := len(objects)
+			objects = append(objects, c == '{')
+			if d == len(keys) {
+				keys = append(keys, nil)
+			}
+			keys[d] = keys[d][:0]
+			expectKey = c == '{'
+		case '}', ']':
+			objects = objects[:len(objects)-1]
+			expectKey = false
+		case ',':
+			expectKey = len(objects) > 0 && objects[len(objects)-1]
+		case '"':
+			end := i + 1
+			for data[end] != '"' {
+				if data[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			if expectKey {
+				d := len(objects) - 1
+				key := data[i+1 : end]
+				if bytes.IndexByte(key, '\\') >= 0 {
+					var s string
+					json.Unmarshal(data[i:end+1], &s)
+					key = []byte(s)
+				}
+				for _, k := range keys[d] {
+					if bytes.EqualFold(k, key) {
+						return i, string(key)
+					}
+				}
+				keys[d] = append(keys[d], key)
+				expectKey = false
+			}
+			i = end
+		}
+	}
+	return -1, ""
 }
 
 // lineOf finds the line a JSON error refers to.

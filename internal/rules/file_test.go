@@ -63,7 +63,68 @@ func TestReadRulesetJSONErrors(t *testing.T) {
 		{
 			name: "prefix with host bits",
 			in:   `{"allow": [{"prefix": "10.1.2.3/8"}]}`,
-			want: "rules.json: allow entry 1: invalid CIDR \"10.1.2.3/8\": host bits set",
+			want: "rules.json:1: invalid CIDR \"10.1.2.3/8\": host bits set",
+		},
+		{
+			name: "address out of range, in the command line's words",
+			in: `{
+  "deny": [
+    {"prefix": "10.5.0.300/32"}
+  ]
+}`,
+			want: `rules.json:3: invalid CIDR "10.5.0.300/32"`,
+		},
+		{
+			name: "bad bare address",
+			in:   `{"deny": [{"prefix": "10.5.0.300"}]}`,
+			want: `rules.json:1: invalid address or CIDR "10.5.0.300"`,
+		},
+		{
+			name: "prefix not a string",
+			in:   `{"deny": [{"prefix": 10}]}`,
+			want: `rules.json:1: invalid prefix 10: want an address or CIDR in quotes`,
+		},
+		{
+			name: "bad expiry",
+			in: `{
+  "deny": [
+    {"prefix": "10.5.0.1/32", "expires": "2030-01-02 15:04"}
+  ]
+}`,
+			want: `rules.json:3: invalid expiry "2030-01-02 15:04": want an RFC 3339 time such as "2030-01-02T15:04:05Z"`,
+		},
+		{
+			name: "expiry not a string",
+			in:   `{"deny": [{"prefix": "10.5.0.1/32", "expires": 1893456000}]}`,
+			want: `invalid expiry 1893456000: want an RFC 3339 time`,
+		},
+		{
+			name: "list given twice",
+			in: `{
+  "deny": [{"prefix": "10.5.0.1/32"}],
+  "allow": [],
+  "deny": [{"prefix": "10.5.0.2/32"}]
+}`,
+			want: `rules.json:4: key "deny" given twice in one object`,
+		},
+		{
+			name: "list given twice, in other case",
+			in:   `{"Deny": [], "deny": []}`,
+			want: `rules.json:1: key "deny" given twice in one object`,
+		},
+		{
+			name: "key given twice in an entry",
+			in: `{"deny": [
+  {"prefix": "10.5.0.1/32"},
+  {"prefix": "10.5.0.2/32", "comment": "a",
+   "prefix": "10.5.0.3/32"}
+]}`,
+			want: `rules.json:4: key "prefix" given twice in one object`,
+		},
+		{
+			name: "escaped key given twice",
+			in:   `{"settings": {"fragments": "pass", "malformed": "drop", "fr\u0061gments": "drop"}}`,
+			want: `key "fragments" given twice in one object`,
 		},
 		{
 			name: "IPv4-mapped prefix",
@@ -285,7 +346,8 @@ func TestReadRulesetEmpty(t *testing.T) {
 
 func TestValidateComment(t *testing.T) {
 	ok := []string{"", "office network", strings.Repeat("é", MaxCommentLen/2)}
-	bad := []string{strings.Repeat("x", MaxCommentLen+1), "two\nlines", "nul\x00", "\xff\xfe"}
+	bad := []string{strings.Repeat("x", MaxCommentLen+1), "two\nlines", "nul\x00", "\xff\xfe",
+		"\x1b[31mred", "tab\there", "cr\r", "del\x7f", "c1 \u009b"}
 	for _, c := range ok {
 		if err := ValidateComment(c); err != nil {
 			t.Errorf("ValidateComment(%q): %v", c, err)
@@ -295,5 +357,27 @@ func TestValidateComment(t *testing.T) {
 		if err := ValidateComment(c); err == nil {
 			t.Errorf("ValidateComment(%q) accepted", c)
 		}
+	}
+}
+
+// TestReadRulesetJSONBareAddress: a prefix without a length is a host, as
+// on the command line, in the config and in plain lists; keys repeated in
+// different objects are no repetition.
+func TestReadRulesetJSONBareAddress(t *testing.T) {
+	in := `{
+  "deny": [{"prefix": "10.5.0.1"}, {"prefix": "2001:db8::1", "comment": "c"}],
+  "allow": [{"prefix": "10.6.0.0/16", "expires": "2031-05-06T07:08:09Z"}],
+  "settings": {"fragments": "pass", "malformed": "drop"}
+}`
+	rs, err := ReadRuleset("rules.json", strings.NewReader(in), "deny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Deny) != 2 || rs.Deny[0].Prefix != netip.MustParsePrefix("10.5.0.1/32") ||
+		rs.Deny[1].Prefix != netip.MustParsePrefix("2001:db8::1/128") || rs.Deny[1].Comment != "c" {
+		t.Errorf("deny %+v", rs.Deny)
+	}
+	if len(rs.Allow) != 1 || rs.Allow[0].Expires == nil || !rs.Allow[0].Expires.Equal(time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)) {
+		t.Errorf("allow %+v", rs.Allow)
 	}
 }

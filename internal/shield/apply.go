@@ -154,7 +154,10 @@ func (s *Shield) apply(rs *rules.Ruleset, replaceLists [2]bool, replacePorts boo
 		}
 	}
 
+	// Both lists are checked for room before either is written, so that
+	// a ruleset one of them cannot hold changes nothing.
 	var stale [2][]netip.Prefix
+	var changes []*listChange
 	for _, x := range []struct {
 		l       List
 		entries []rules.PrefixEntry
@@ -166,9 +169,11 @@ func (s *Shield) apply(rs *rules.Ruleset, replaceLists [2]bool, replacePorts boo
 		d := DiffList(have, x.entries)
 		have = nil
 		if len(d.Write) > 0 {
-			if err := s.add(x.l, d.Write, Upsert); err != nil {
+			c, err := s.prepareAdd(x.l, d.Write, Upsert)
+			if err != nil {
 				return res, err
 			}
+			changes = append(changes, c)
 		}
 		res.Added += d.Added
 		res.Updated += d.Updated
@@ -176,6 +181,12 @@ func (s *Shield) apply(rs *rules.Ruleset, replaceLists [2]bool, replacePorts boo
 		if replaceLists[x.l] {
 			stale[x.l] = d.Stale
 		}
+	}
+	if err := s.checkCommentRoom(changes...); err != nil {
+		return res, err
+	}
+	if err := s.commit(changes...); err != nil {
+		return res, err
 	}
 
 	// Port rules: in replace mode the file's rules are the whole set; in

@@ -35,3 +35,10 @@ func (s *Shield) FilterSeed(tb testing.TB) uint64 {
 	}
 	return seed
 }
+
+// OpenSized is Open with shared maps of other sizes, by name, so that a
+// test can fill a list without a million entries. Open the root with the
+// same sizes every time.
+func OpenSized(root string, sizes map[string]uint32) (*Shield, error) {
+	return open(root, sizes)
+}

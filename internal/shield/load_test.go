@@ -27,6 +27,12 @@ import (
 // root and its lock file when the test ends.
 func openFresh(tb testing.TB) *shield.Shield {
 	tb.Helper()
+	return openFreshSized(tb, nil)
+}
+
+// openFreshSized is openFresh with shared maps of other sizes, by name.
+func openFreshSized(tb testing.TB, sizes map[string]uint32) *shield.Shield {
+	tb.Helper()
 	var st unix.Statfs_t
 	if err := unix.Statfs("/sys/fs/bpf", &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
 		tb.Skip("no bpffs at /sys/fs/bpf")
@@ -35,7 +41,7 @@ func openFresh(tb testing.TB) *shield.Shield {
 	rand.Read(rnd[:])
 	base := "moat-test-" + hex.EncodeToString(rnd[:])
 	root := filepath.Join("/sys/fs/bpf", base)
-	s, err := shield.Open(root)
+	s, err := shield.OpenSized(root, sizes)
 	if err != nil {
 		tb.Fatalf("open %s: %v", root, err)
 	}

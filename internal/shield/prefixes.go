@@ -151,6 +151,10 @@ func expired(expiresNs, now uint64) bool {
 	return expiresNs != 0 && expiresNs <= now
 }
 
+// Live tells whether the filter still applies e, as read by Entries: its
+// expiry, if it has one, has not passed.
+func (e Entry) Live() bool { return !expired(e.expiresNs, bootNow()) }
+
 // AddMode says what to do with entries that exist already.
 type AddMode int
 
@@ -163,8 +167,10 @@ const (
 )
 
 // Add puts entries in list l. In Strict mode nothing changes if any of the
-// entries exists already and has not expired. Entries are grouped per map
-// and written with batched updates, all maps at once.
+// entries exists already and has not expired. Nothing changes either if
+// the list's maps or the comment map cannot hold the entries with those
+// they hold. Entries are grouped per map and written with batched
+// updates, all maps at once.
 func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
 	if mode == Strict {
 		_, err := s.Insert(l, entries)
@@ -215,59 +221,249 @@ func validateComments(entries []Entry) error {
 }
 
 // add writes entries, overwriting those that exist; Upsert also drops the
-// comments of overwritten entries that the new ones lack.
+// comments of overwritten entries that the new ones lack. It is all or
+// nothing: a change the maps cannot hold is refused before the first
+// write, and one that fails midway is taken back (see commit).
 func (s *Shield) add(l List, entries []Entry, mode AddMode) error {
 	if mode == Upsert {
 		if err := validateComments(entries); err != nil {
 			return err
 		}
 	}
-	if l == AllowList {
+	c, err := s.prepareAdd(l, entries, mode)
+	if err != nil {
+		return err
+	}
+	if err := s.checkCommentRoom(c); err != nil {
+		return err
+	}
+	return s.commit(c)
+}
+
+// listChange is one list's part of an add: the entries queued per map, and
+// which of the queued keys the maps held before, so that a failed write
+// can delete exactly what it added.
+type listChange struct {
+	l       List
+	entries []Entry
+	mode    AddMode
+	b       *prefixBatches
+	cb      mapBatch[datapath.MoatCommentKey, datapath.MoatComment]
+
+	held         [4][]bool // by map (see prefixClass), by queued key; nil: none held
+	heldComments []bool
+}
+
+// prepareAdd queues entries for list l and refuses, before anything is
+// written, a change that one of the list's maps cannot hold. The maps hold
+// what they hold now plus every queued key they do not: stale entries of a
+// replace are deleted only after the writes, so this is also the peak.
+func (s *Shield) prepareAdd(l List, entries []Entry, mode AddMode) (*listChange, error) {
+	c := &listChange{l: l, entries: entries, mode: mode, b: s.newPrefixBatches(l)}
+	c.cb.m = s.maps[datapath.MoatMapComments]
+	c.b.reserve(entries)
+	now := bootNow()
+	for _, e := range entries {
+		v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
+		if e.Comment != "" {
+			v.Flags = 1 // RULE_F_COMMENT
+			var t datapath.MoatComment
+			for i := 0; i < len(e.Comment); i++ {
+				t.Text[i] = int8(e.Comment[i])
+			}
+			c.cb.add(commentKey(l, e.Prefix), t)
+		}
+		c.b.add(e.Prefix, v)
+	}
+	var got [4]room
+	err := runJobs([]job{
+		{1, func() (err error) { got[classHosts4], err = roomFor(c.b.hosts4.m, &c.b.hosts4); return err }},
+		{1, func() (err error) { got[classNets4], err = roomFor(c.b.nets4.m, &c.b.nets4); return err }},
+		{1, func() (err error) { got[classHosts6], err = roomFor(c.b.hosts6.m, &c.b.hosts6); return err }},
+		{1, func() (err error) { got[classNets6], err = roomFor(c.b.nets6.m, &c.b.nets6); return err }},
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range got {
+		if need := r.have + r.added; need > r.max {
+			return nil, userErrorf("the %s holds at most %d %s; this change needs %d", l, r.max, classNames[i], need)
+		}
+		c.held[i] = r.held[0]
+	}
+	return c, nil
+}
+
+// checkCommentRoom refuses changes whose comments the comment map, which
+// both lists share, cannot hold with those it holds.
+func (s *Shield) checkCommentRoom(cs ...*listChange) error {
+	var bs []*mapBatch[datapath.MoatCommentKey, datapath.MoatComment]
+	for _, c := range cs {
+		bs = append(bs, &c.cb)
+	}
+	r, err := roomFor(s.maps[datapath.MoatMapComments], bs...)
+	if err != nil {
+		return err
+	}
+	if need := r.have + r.added; need > r.max {
+		return userErrorf("the comment map holds at most %d comments (allowlist and denylist together); this change needs %d", r.max, need)
+	}
+	for i, c := range cs {
+		c.heldComments = r.held[i]
+	}
+	return nil
+}
+
+// room is what a map holds and what a change adds to it.
+type room struct {
+	max, have int
+	added     int      // queued keys the map does not hold, each counted once
+	held      [][]bool // by batch, by queued key; nil where the map held none
+}
+
+// roomFor reads m, which batches queue keys for, and counts its keys and
+// the queued ones it lacks. The kernel keeps no count that user space can
+// read, so m is read whole; the queued keys go in a set only once the map
+// turns out not to be empty.
+func roomFor[K comparable, V any](m *ebpf.Map, batches ...*mapBatch[K, V]) (room, error) {
+	r := room{max: int(m.MaxEntries()), held: make([][]bool, len(batches))}
+	queued := 0
+	for _, b := range batches {
+		queued += len(b.keys)
+	}
+	if queued == 0 {
+		return r, nil
+	}
+	type ref struct{ batch, i int32 }
+	var index map[K]ref
+	err := readAll(m, func(k *K, _ *V) {
+		r.have++
+		if index == nil {
+			index = make(map[K]ref, queued)
+			for bi, b := range batches {
+				for i, k := range b.keys {
+					if _, dup := index[k]; !dup {
+						index[k] = ref{int32(bi), int32(i)}
+					}
+				}
+			}
+		}
+		if at, ok := index[*k]; ok {
+			if r.held[at.batch] == nil {
+				r.held[at.batch] = make([]bool, len(batches[at.batch].keys))
+			}
+			r.held[at.batch][at.i] = true
+		}
+	})
+	if err != nil {
+		return r, err
+	}
+	if index == nil {
+		r.added = queued
+		return r, nil
+	}
+	for _, at := range index {
+		if r.held[at.batch] == nil || !r.held[at.batch][at.i] {
+			r.added++
+		}
+	}
+	return r, nil
+}
+
+// commit writes changes in order. If a write fails, what the changes
+// added (keys their maps did not hold) is deleted again, so that no half
+// of a change stays in place; entries they overwrote keep the new values.
+func (s *Shield) commit(cs ...*listChange) error {
+	for i, c := range cs {
+		err := s.write(c)
+		if err == nil {
+			continue
+		}
+		for j := i; j >= 0; j-- {
+			if uerr := s.undo(cs[j]); uerr != nil {
+				return fmt.Errorf("%w; taking the change back failed too: %v", err, uerr)
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+func (s *Shield) write(c *listChange) error {
+	if c.l == AllowList {
 		// Before the entries: the data path skips the lookups of a
 		// family whose bit is clear.
 		var bits uint32
-		for _, e := range entries {
+		for _, e := range c.entries {
 			bits |= familyBit(e.Prefix)
 		}
 		if err := s.updateAllowInUse(func(in uint32) uint32 { return in | bits }); err != nil {
 			return err
 		}
 	}
-	if l == DenyList {
+	if c.l == DenyList {
 		// Before the entries: the data path skips the lookups of a
 		// source whose summary bit is clear.
-		if err := s.markDeny(entries); err != nil {
+		if err := s.markDeny(c.entries); err != nil {
 			return err
 		}
 	}
-	b := s.newPrefixBatches(l)
-	b.reserve(entries)
 	// Comments first, so that a listing never shows a rule whose comment
 	// is still missing.
-	cb := mapBatch[datapath.MoatCommentKey, datapath.MoatComment]{m: s.maps[datapath.MoatMapComments]}
-	now := bootNow()
-	for _, e := range entries {
-		v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
-		if e.Comment != "" {
-			v.Flags = 1 // RULE_F_COMMENT
-			var c datapath.MoatComment
-			for i := 0; i < len(e.Comment); i++ {
-				c.Text[i] = int8(e.Comment[i])
-			}
-			cb.add(commentKey(l, e.Prefix), c)
-		}
-		b.add(e.Prefix, v)
-	}
-	if err := runJobs(cb.updateJobs()); err != nil {
+	if err := runJobs(c.cb.updateJobs()); err != nil {
 		return fmt.Errorf("store comments: %w", err)
 	}
-	if err := runJobs(b.updateJobs()); err != nil {
-		return fmt.Errorf("update %s: %w", l, err)
+	if err := runJobs(c.b.updateJobs()); err != nil {
+		return fmt.Errorf("update %s: %w", c.l, err)
 	}
-	if mode == Upsert {
-		return s.dropStaleComments(l, entries)
+	if c.mode == Upsert {
+		return s.dropStaleComments(c.l, c.entries)
 	}
 	return nil
+}
+
+// undo deletes the entries and comments that c added where its maps held
+// none. The summary bits c set stay: a stale bit costs a lookup, not a
+// verdict.
+func (s *Shield) undo(c *listChange) error {
+	isHeld := func(held []bool, i int) bool { return held != nil && held[i] }
+	var gone []netip.Prefix
+	var next [4]int
+	comment := 0
+	cb := mapBatch[datapath.MoatCommentKey, datapath.MoatComment]{m: c.cb.m}
+	for _, e := range c.entries {
+		k := prefixClass(e.Prefix)
+		if !isHeld(c.held[k], next[k]) {
+			gone = append(gone, e.Prefix)
+		}
+		next[k]++
+		if e.Comment != "" {
+			if !isHeld(c.heldComments, comment) {
+				cb.addKey(c.cb.keys[comment])
+			}
+			comment++
+		}
+	}
+	b := s.newPrefixBatches(c.l)
+	for _, p := range gone {
+		b.addKey(p)
+	}
+	// Each part as far as it goes: a key the kernel refused to write may
+	// be refused again, which must not keep the comments in place.
+	var first error
+	if err := runJobs(b.deleteJobs()); err != nil {
+		first = fmt.Errorf("update %s: %w", c.l, err)
+	}
+	if err := runJobs(cb.deleteJobs()); err != nil && first == nil {
+		first = fmt.Errorf("delete comments: %w", err)
+	}
+	var err error
+	if c.l == AllowList {
+		err = s.clearEmptyAllowFamilies()
+	} else {
+		err = s.noteRemoved(gone)
+	}
+	return cmp.Or(first, err)
 }
 
 // prefixBatches queues one list's changes per map: hosts in the hash maps,
@@ -289,23 +485,39 @@ func (s *Shield) newPrefixBatches(l List) *prefixBatches {
 // reserve sizes the queues for entries, sparing a million appends their
 // regrowing.
 func (b *prefixBatches) reserve(entries []Entry) {
-	var h4, n4, h6, n6 int
+	var n [4]int
 	for _, e := range entries {
-		switch v4, host := e.Prefix.Addr().Is4(), rules.IsHost(e.Prefix); {
-		case v4 && host:
-			h4++
-		case v4:
-			n4++
-		case host:
-			h6++
-		default:
-			n6++
-		}
+		n[prefixClass(e.Prefix)]++
 	}
-	b.hosts4.reserve(h4)
-	b.nets4.reserve(n4)
-	b.hosts6.reserve(h6)
-	b.nets6.reserve(n6)
+	b.hosts4.reserve(n[classHosts4])
+	b.nets4.reserve(n[classNets4])
+	b.hosts6.reserve(n[classHosts6])
+	b.nets6.reserve(n[classNets6])
+}
+
+// The maps of a list, in the order of listReaders.
+const (
+	classHosts4 = iota
+	classNets4
+	classHosts6
+	classNets6
+)
+
+// classNames name what each map of a list holds, for messages.
+var classNames = [4]string{"IPv4 hosts", "IPv4 networks", "IPv6 hosts", "IPv6 networks"}
+
+// prefixClass tells which of a list's maps holds p.
+func prefixClass(p netip.Prefix) int {
+	switch v4, host := p.Addr().Is4(), rules.IsHost(p); {
+	case v4 && host:
+		return classHosts4
+	case v4:
+		return classNets4
+	case host:
+		return classHosts6
+	default:
+		return classNets6
+	}
 }
 
 func (b *prefixBatches) add(p netip.Prefix, v datapath.MoatPrefixRule) {

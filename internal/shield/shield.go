@@ -88,13 +88,21 @@ type Shield struct {
 // Open opens the pinned state under root, creating the shared maps if they
 // do not exist yet. It takes an exclusive lock on the state that is held
 // until Close, so concurrent commands never interleave their changes.
-func Open(root string) (*Shield, error) {
+func Open(root string) (*Shield, error) { return open(root, nil) }
+
+// open is Open with the shared maps given other sizes (by name) than the
+// BPF object's, for tests that fill a map: a root must always be opened
+// with the sizes it was created with.
+func open(root string, sizes map[string]uint32) (*Shield, error) {
 	if err := ensureBPFFS(filepath.Dir(root)); err != nil {
 		return nil, err
 	}
 	spec, err := datapath.LoadMoat()
 	if err != nil {
 		return nil, fmt.Errorf("load BPF object: %w", err)
+	}
+	for name, n := range sizes {
+		spec.Maps[name].MaxEntries = n
 	}
 	s := &Shield{root: root, spec: spec, maps: map[string]*ebpf.Map{}}
 	if err := s.lockRoot(); err != nil {
