@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -255,7 +256,7 @@ func Parse(path string, data []byte) (*Config, *Set, error) {
 	if len(doc.Content) > 0 {
 		decode(doc.Content[0], reflect.ValueOf(c).Elem(), "", &e)
 	}
-	c.defaults()
+	c.defaults(e.lines)
 	c.check(&e)
 	set := c.buildSet(filepath.Dir(path), &e)
 	if err := e.result(path); err != nil {
@@ -264,7 +265,9 @@ func Parse(path string, data []byte) (*Config, *Set, error) {
 	return c, set, nil
 }
 
-func (c *Config) defaults() {
+// defaults fills in what the file leaves out; lines are the paths it
+// gives (errs.lines).
+func (c *Config) defaults(lines map[string]int) {
 	if c.Policy.Fragments == "" {
 		c.Policy.Fragments = "pass"
 	}
@@ -279,7 +282,8 @@ func (c *Config) defaults() {
 		if p.Mode == "" {
 			p.Mode = "auto"
 		}
-		if p.Threshold == 0 {
+		// A threshold given as 0 stays 0, for check to refuse.
+		if _, given := lines[fmt.Sprintf("syn.ports[%d].threshold", i+1)]; !given {
 			p.Threshold = syncookie.DefaultThreshold
 		}
 	}
@@ -411,8 +415,8 @@ func (c *Config) check(e *errs) {
 		key("policy.malformed", "invalid policy %q: want drop or pass", m)
 	}
 
-	if c.SYN.RotateEvery < time.Second {
-		key("syn.rotate_every", "%s is too short; at least 1s", c.SYN.RotateEvery)
+	if err := syncookie.CheckRotation(c.SYN.RotateEvery); err != nil {
+		key("syn.rotate_every", "%v", err)
 	}
 	if c.SYN.CookieLifetime != 0 && c.SYN.CookieLifetime < 2*c.SYN.RotateEvery {
 		key("syn.cookie_lifetime", "%s is shorter than two key rotations (%s): cookies would be refused while still valid", c.SYN.CookieLifetime, 2*c.SYN.RotateEvery)
@@ -431,8 +435,13 @@ func (c *Config) check(e *errs) {
 		} else {
 			synPorts[p.Port] = p.Line
 		}
-		if m, err := syncookie.ParseMode(p.Mode); err != nil || m == syncookie.ModeOff {
+		m, err := syncookie.ParseMode(p.Mode)
+		if err != nil || m == syncookie.ModeOff {
 			key(path+".mode", "invalid mode %q: want auto, always or never", p.Mode)
+		} else if _, given := e.lines[path+".threshold"]; given && m != syncookie.ModeAuto {
+			key(path+".threshold", "the threshold is auto mode's; %s mode has none", m)
+		} else if given && p.Threshold == 0 {
+			key(path+".threshold", "must be at least 1 SYN per second")
 		}
 	}
 	if len(synPorts) > syncookie.MaxProtectedPorts {
@@ -462,6 +471,13 @@ func (c *Config) check(e *errs) {
 		k := kind.String() + " " + scope.String()
 		if first, dup := seenLimits[k]; dup {
 			at(l.Line, "%s: a %s limit on %s is given twice (first at line %d)", path, kind, scope, first)
+		} else {
+			for _, o := range c.Limits[:i] {
+				if o.parsed.Kind == kind && o.parsed.Scope.Overlaps(scope) && o.parsed.Validate() == nil {
+					at(l.Line, "%s: %s limits on %s and %s (line %d) overlap", path, kind, scope, o.parsed.Scope, o.Line)
+					break
+				}
+			}
 		}
 		seenLimits[k] = l.Line
 	}
@@ -470,8 +486,8 @@ func (c *Config) check(e *errs) {
 	}
 
 	if c.Metrics.On() {
-		if _, port, err := net.SplitHostPort(c.Metrics.Address); err != nil || port == "" {
-			key("metrics.address", "%q is not HOST:PORT (e.g. 127.0.0.1:9477)", c.Metrics.Address)
+		if err := checkListenAddress(c.Metrics.Address); err != nil {
+			key("metrics.address", "%v", err)
 		}
 	}
 	if c.Capture.MaxSnaplen > capture.MaxSnaplen {
@@ -503,6 +519,56 @@ func (c *Config) check(e *errs) {
 	if d.LogFormat != "text" && d.LogFormat != "json" {
 		key("daemon.log_format", "invalid format %q: want text or json", d.LogFormat)
 	}
+}
+
+// checkListenAddress checks a HOST:PORT for net.Listen("tcp"), as the
+// daemon serves metrics on it: HOST empty (every address), an IP address
+// or a host name, PORT a number up to 65535 or a service name that
+// resolves.
+func checkListenAddress(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return fmt.Errorf("%q is not HOST:PORT (e.g. 127.0.0.1:9477)", addr)
+	}
+	if n, err := strconv.ParseUint(port, 10, 64); err == nil {
+		if n > 65535 {
+			return fmt.Errorf("%q: port %s is above 65535", addr, port)
+		}
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%q: %q is neither a port number nor a known service", addr, port)
+	}
+	if host == "" {
+		return nil
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil
+	}
+	if !isHostName(host) {
+		return fmt.Errorf("%q: %q is neither an IP address nor a host name", addr, host)
+	}
+	return nil
+}
+
+// isHostName tells whether s is a host name by RFC 1123: dot-separated
+// labels of letters, digits and inner hyphens, and a last label that is
+// not all digits (999.1.1.1 is a bad address, not a name).
+func isHostName(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	labels := strings.Split(s, ".")
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, r := range l {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return strings.Trim(labels[len(labels)-1], "0123456789") != ""
 }
 
 // Set is the rules a config asks for: inline entries and the rule files,

@@ -59,7 +59,7 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"not a number", "syn:\n  ports:\n    - port: https\n", 3, "want a whole number"},
 		{"port out of range", "syn:\n  ports:\n    - port: 70000\n", 3, `up to 65535, not "70000"`},
 		{"bad duration", "syn:\n  rotate_every: 60\n", 2, "want a duration"},
-		{"short rotation", "syn:\n  rotate_every: 10ms\n", 2, "too short"},
+		{"short rotation", "syn:\n  rotate_every: 10ms\n", 2, "syn.rotate_every: 10ms is out of range"},
 		{"bad syn mode", "syn:\n  ports:\n    - port: 443\n      mode: sometimes\n", 4, `invalid mode "sometimes"`},
 		{"duplicate syn port", "syn:\n  ports:\n    - port: 443\n    - port: 443\n", 4, "tcp/443 is listed twice"},
 		{"bad iface mode", "interfaces:\n  - name: eth0\n    mode: turbo\n", 3, `invalid mode "turbo"`},
@@ -77,6 +77,7 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"limit bad scope", "limits:\n  - kind: budget\n    scope: sctp\n    pps: 10\n", 2, "limits[1]: "},
 		{"limit bad kind", "limits:\n  - kind: global\n    scope: udp\n    pps: 10\n", 2, `invalid limit kind "global"`},
 		{"limit twice", "limits:\n  - {kind: source, scope: udp/53, pps: 10}\n  - {kind: source, scope: udp/53, pps: 20}\n", 3, "given twice (first at line 2)"},
+		{"limits overlap", "limits:\n  - {kind: source, scope: udp/53, pps: 10}\n  - {kind: source, scope: udp/50-60, pps: 20}\n", 3, "source limits on udp/50-60 and udp/53 (line 2) overlap"},
 		{"unknown limit key", "limits:\n  - kind: source\n    scope: udp/53\n    pps: 10\n    rate: 10\n", 5, `unknown key "rate"`},
 		{"two documents", "interfaces: []\n---\ndeny: []\n", 2, "one YAML document"},
 	}
@@ -243,5 +244,63 @@ func TestTooManySYNPorts(t *testing.T) {
 	}
 	if errs := parseErrors(t, b.String()); len(errs) != 0 {
 		t.Fatalf("the most ports allowed: %q", errs)
+	}
+}
+
+// A metrics address is checked as the daemon will listen on it: a port up
+// to 65535 (or a service name), a host that is empty, an IP address or a
+// host name.
+func TestMetricsAddress(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:99999", "999.1.1.1:80", "[::1]:65536", "127.0.0.1:-1", "bad_host:80", "-x.example:80", "127.0.0.1:nosuchservice", "1.2.3:80"} {
+		got := parseErrors(t, "metrics:\n  address: \""+addr+"\"\n")
+		if len(got) != 1 || !strings.HasPrefix(got[0], "line 2: metrics.address: ") {
+			t.Errorf("metrics.address %q: errors %q, want one at line 2", addr, got)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:9477", ":9477", "[::1]:0", "localhost:9477", "metrics.example.org:65535", "0.0.0.0:http"} {
+		if got := parseErrors(t, "metrics:\n  address: \""+addr+"\"\n"); len(got) != 0 {
+			t.Errorf("metrics.address %q: %q", addr, got)
+		}
+	}
+	// Turned off, the address is not used.
+	if got := parseErrors(t, "metrics:\n  enabled: false\n  address: \"127.0.0.1:99999\"\n"); len(got) != 0 {
+		t.Errorf("metrics off: %q", got)
+	}
+}
+
+// The rotation period is bounded both ways (syncookie.CheckRotation).
+func TestRotationBounds(t *testing.T) {
+	for _, d := range []string{"500ms", "25h", "1500000h"} {
+		got := parseErrors(t, "syn:\n  rotate_every: "+d+"\n")
+		if len(got) != 1 || !strings.HasPrefix(got[0], "line 2: syn.rotate_every: ") || !strings.Contains(got[0], "out of range") {
+			t.Errorf("rotate_every %s: errors %q, want one at line 2", d, got)
+		}
+	}
+	for _, d := range []string{"1s", "24h"} {
+		if got := parseErrors(t, "syn:\n  rotate_every: "+d+"\n"); len(got) != 0 {
+			t.Errorf("rotate_every %s: %q", d, got)
+		}
+	}
+}
+
+// A SYN port's threshold is auto mode's, and at least 1, as `moat syn
+// protect --threshold` has it; left out, it is the default.
+func TestSYNThreshold(t *testing.T) {
+	for _, tc := range []struct{ text, msg string }{
+		{"syn:\n  ports:\n    - port: 443\n      threshold: 0\n", "at least 1"},
+		{"syn:\n  ports:\n    - port: 443\n      mode: never\n      threshold: 100\n", "never mode has none"},
+		{"syn:\n  ports:\n    - port: 443\n      mode: always\n      threshold: 100\n", "always mode has none"},
+	} {
+		got := parseErrors(t, tc.text)
+		if len(got) != 1 || !strings.HasPrefix(got[0], "line 4: syn.ports[1].threshold: ") && !strings.HasPrefix(got[0], "line 5: syn.ports[1].threshold: ") || !strings.Contains(got[0], tc.msg) {
+			t.Errorf("%q: errors %q, want one saying %q", tc.text, got, tc.msg)
+		}
+	}
+	cfg, _, err := Parse(filepath.Join(t.TempDir(), "moat.yaml"), []byte("syn:\n  ports:\n    - port: 443\n      threshold: 100\n    - port: 80\n    - port: 22\n      mode: never\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.SYN.Ports; p[0].Threshold != 100 || p[1].Threshold != syncookie.DefaultThreshold || p[2].Threshold != syncookie.DefaultThreshold {
+		t.Errorf("thresholds %d, %d, %d; want 100 and the default twice", p[0].Threshold, p[1].Threshold, p[2].Threshold)
 	}
 }

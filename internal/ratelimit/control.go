@@ -101,7 +101,7 @@ func (m Maps) Add(l Limit, replace bool) error {
 		return err
 	}
 	for _, s := range st {
-		if s.lim.Kind != l.Kind || !s.lim.Scope.overlaps(l.Scope) {
+		if s.lim.Kind != l.Kind || !s.lim.Scope.Overlaps(l.Scope) {
 			continue
 		}
 		if s.lim.Scope == l.Scope && replace {
@@ -248,7 +248,7 @@ func Apply(m Maps, limits []Limit) error {
 			return &UserError{err}
 		}
 		for j := 0; j < i; j++ {
-			if want[j].Kind == want[i].Kind && want[j].Scope.overlaps(want[i].Scope) {
+			if want[j].Kind == want[i].Kind && want[j].Scope.Overlaps(want[i].Scope) {
 				return userErrorf("%s limits on %s and %s overlap", want[i].Kind, want[j].Scope, want[i].Scope)
 			}
 		}
@@ -282,7 +282,7 @@ func Apply(m Maps, limits []Limit) error {
 	for _, l := range fresh {
 		collides := false
 		for _, s := range st {
-			if !kept[s.id] && s.lim.Kind == l.Kind && s.lim.Scope.overlaps(l.Scope) {
+			if !kept[s.id] && s.lim.Kind == l.Kind && s.lim.Scope.Overlaps(l.Scope) {
 				collides = true
 			}
 		}

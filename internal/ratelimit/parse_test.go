@@ -60,7 +60,7 @@ func TestOverlaps(t *testing.T) {
 		{"tcp/80", "tcp/80+syn", true}, // one slot per port
 		{"tcp/80", "udp/80", false},
 	} {
-		if got := p(c.a).overlaps(p(c.b)); got != c.want {
+		if got := p(c.a).Overlaps(p(c.b)); got != c.want {
 			t.Errorf("%s overlaps %s = %v, want %v", c.a, c.b, got, c.want)
 		}
 	}

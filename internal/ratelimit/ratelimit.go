@@ -140,8 +140,9 @@ func (s *Scope) UnmarshalText(b []byte) (err error) {
 	return err
 }
 
-// overlaps tells whether two scopes share a slot of the scope tables.
-func (s Scope) overlaps(o Scope) bool {
+// Overlaps tells whether two scopes share a slot of the scope tables: two
+// limits of one kind may not.
+func (s Scope) Overlaps(o Scope) bool {
 	if s.All || o.All {
 		return s.All && o.All
 	}

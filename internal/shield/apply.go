@@ -154,6 +154,24 @@ func (s *Shield) apply(rs *rules.Ruleset, replaceLists [2]bool, replacePorts boo
 		}
 	}
 
+	// Port rules: in replace mode the file's rules are the whole set; in
+	// merge mode they join the current ones, a rule for the same ports
+	// taking the file's action. Checked here, before the lists are
+	// written, so that rules the port maps cannot hold change nothing.
+	want := rs.Ports
+	if !replacePorts {
+		want = nil
+		for _, c := range current {
+			if _, ok := wanted[c.Spec]; !ok {
+				want = append(want, rules.PortEntry{Spec: c.Spec, Action: c.Action})
+			}
+		}
+		want = append(want, rs.Ports...)
+	}
+	if err := s.checkPortRules(current, want); err != nil {
+		return res, err
+	}
+
 	// Both lists are checked for room before either is written, so that
 	// a ruleset one of them cannot hold changes nothing.
 	var stale [2][]netip.Prefix
@@ -189,19 +207,6 @@ func (s *Shield) apply(rs *rules.Ruleset, replaceLists [2]bool, replacePorts boo
 		return res, err
 	}
 
-	// Port rules: in replace mode the file's rules are the whole set; in
-	// merge mode they join the current ones, a rule for the same ports
-	// taking the file's action.
-	want := rs.Ports
-	if !replacePorts {
-		want = nil
-		for _, c := range current {
-			if _, ok := wanted[c.Spec]; !ok {
-				want = append(want, rules.PortEntry{Spec: c.Spec, Action: c.Action})
-			}
-		}
-		want = append(want, rs.Ports...)
-	}
 	n, err := s.SetPortRules(want)
 	res.PortRules += n
 	if err != nil {

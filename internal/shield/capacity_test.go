@@ -181,3 +181,30 @@ func TestAddTakesBackAFailedWrite(t *testing.T) {
 		t.Fatalf("adding after the failed change: %v", err)
 	}
 }
+
+// TestApplyRefusesPortRulesOverCapacityFirst: a ruleset with more port
+// rules than the port maps hold is refused before its list entries are
+// written.
+func TestApplyRefusesPortRulesOverCapacityFirst(t *testing.T) {
+	s := openFreshSized(t, map[string]uint32{datapath.MoatMapPortRuleDefs: 4}) // ids 1 to 3
+	rs := &rules.Ruleset{Deny: []rules.PrefixEntry{{Prefix: netip.MustParsePrefix("198.51.100.0/24")}}}
+	for p := uint16(1000); p < 1004; p++ {
+		rs.Ports = append(rs.Ports, rules.PortEntry{Spec: rules.PortSpec{Class: rules.TCP, From: p, To: p}, Action: rules.Drop})
+	}
+	before := state(t, s)
+	_, err := s.Apply(rs, false)
+	var ue *shield.UserError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "3 rules is the limit") {
+		t.Fatalf("Apply with 4 port rules where 3 fit: %v, want a refusal naming the limit", err)
+	}
+	if after := state(t, s); after != before {
+		t.Errorf("a refused ruleset changed the lists:\n%s\nwas\n%s", after, before)
+	}
+	if ps, err := s.PortRules(); err != nil || len(ps) != 0 {
+		t.Errorf("port rules after the refusal: %v %v", ps, err)
+	}
+	rs.Ports = rs.Ports[:3]
+	if _, err := s.Apply(rs, false); err != nil {
+		t.Fatalf("Apply with 3 port rules: %v", err)
+	}
+}

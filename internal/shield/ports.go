@@ -241,18 +241,11 @@ func (s *Shield) updateAllowInUse(change func(uint32) uint32) error {
 // one element write, and only then are the old rule's remaining slots and
 // definition cleared.
 func (s *Shield) SetPortRules(want []rules.PortEntry) (int, error) {
-	for i, w := range want {
-		if w.Action != rules.Drop && w.Action != rules.Allow {
-			return 0, userErrorf("port rule %s: missing action", w.Spec)
-		}
-		for _, o := range want[:i] {
-			if o.Spec.Overlaps(w.Spec) {
-				return 0, userErrorf("port rules %s and %s overlap", o.Spec, w.Spec)
-			}
-		}
-	}
 	cur, err := s.PortRules()
 	if err != nil {
+		return 0, err
+	}
+	if err := s.checkPortRules(cur, want); err != nil {
 		return 0, err
 	}
 	keep := map[rules.PortEntry]bool{}
@@ -307,6 +300,48 @@ func (s *Shield) SetPortRules(want []rules.PortEntry) (int, error) {
 		changes++
 	}
 	return changes, nil
+}
+
+// CheckPortRules refuses, with the error SetPortRules would return part
+// way, a set of port rules that SetPortRules could not put in place: for
+// callers that must know before they write anything else.
+func (s *Shield) CheckPortRules(want []rules.PortEntry) error {
+	cur, err := s.PortRules()
+	if err != nil {
+		return err
+	}
+	return s.checkPortRules(cur, want)
+}
+
+// checkPortRules refuses a set of port rules that SetPortRules could not
+// put in place of cur: a rule without an action, rules that overlap, or
+// more new rules than there are free ids (those of stale rules are freed
+// only after the new ones are written).
+func (s *Shield) checkPortRules(cur []PortRule, want []rules.PortEntry) error {
+	for i, w := range want {
+		if w.Action != rules.Drop && w.Action != rules.Allow {
+			return userErrorf("port rule %s: missing action", w.Spec)
+		}
+		for _, o := range want[:i] {
+			if o.Spec.Overlaps(w.Spec) {
+				return userErrorf("port rules %s and %s overlap", o.Spec, w.Spec)
+			}
+		}
+	}
+	held := map[rules.PortEntry]bool{}
+	for _, c := range cur {
+		held[rules.PortEntry{Spec: c.Spec, Action: c.Action}] = true
+	}
+	added := 0
+	for _, w := range want {
+		if !held[rules.PortEntry{Spec: w.Spec, Action: w.Action}] {
+			added++
+		}
+	}
+	if limit := int(s.maps[datapath.MoatMapPortRuleDefs].MaxEntries()) - 1; len(cur)+added > limit {
+		return userErrorf("no room for %d more port rules: %d rules is the limit and %d are held", added, limit, len(cur))
+	}
+	return nil
 }
 
 // uncovered returns the parts of spec that no rule in want covers.
