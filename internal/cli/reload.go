@@ -3,7 +3,9 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -20,9 +22,26 @@ func newReloadCmd(g *globals) *cobra.Command {
 			if _, err := os.Stat(socket); err != nil {
 				return fmt.Errorf("no moat daemon: %v (set MOAT_SOCKET if it listens elsewhere)", err)
 			}
+			c := newDaemonClient(socket)
+			// A root named on purpose (--root, MOAT_ROOT) must be the
+			// daemon's: reloading another root's daemon would be a
+			// surprise. Without one, the daemon on the socket is meant.
+			if cmd.Flags().Changed("root") || os.Getenv("MOAT_ROOT") != "" {
+				var st daemon.Status
+				if err := c.call(http.MethodGet, "/v1/status", nil, &st); err != nil {
+					return err
+				}
+				if filepath.Clean(st.Root) != filepath.Clean(g.root) {
+					return usagef("the moat daemon on %s manages %s, not %s; set MOAT_SOCKET to the socket of the daemon of %s",
+						socket, st.Root, g.root, g.root)
+				}
+			}
 			var res daemon.ReloadResult
-			if err := newDaemonClient(socket).call("POST", "/v1/reload", nil, &res); err != nil {
+			if err := c.call("POST", "/v1/reload", nil, &res); err != nil {
 				return err
+			}
+			if res.Refused && len(res.Errors) == 1 {
+				return usagef("reload refused, the running rules are unchanged: %s", res.Errors[0])
 			}
 			for _, e := range res.Errors {
 				fmt.Fprintln(cmd.ErrOrStderr(), e)

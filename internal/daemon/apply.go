@@ -26,14 +26,25 @@ type Changes struct {
 	SYNPorts  int      `json:"syn_ports"`
 }
 
+// refusal is an error decided before applyDiff changed anything, or after
+// it undid all it had changed: the config is refused, not half applied.
+type refusal struct{ err error }
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
+func refused(err error) error { return &refusal{err} }
+
 // applyDiff makes the pinned state what cfg (with the rule files read into
 // set) and the dynamic rules ask for. old is the config applied before, or
 // nil at start. Everything that can be checked is checked before the first
-// write. Entries are written before stale ones are deleted, and entries
-// present before and after are not touched, so the data path never sees a
-// rule missing that both the old and the new rules hold.
-func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *config.Set) (Changes, error) {
-	var ch Changes
+// write, and what can fail for reasons outside moat's maps (attaching a
+// new interface) is done before the first write too, and undone if a later
+// step fails. Entries are written before stale ones are deleted, and
+// entries present before and after are not touched, so the data path never
+// sees a rule missing that both the old and the new rules hold. An error
+// that is a *refusal left everything as it was.
+func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *config.Set) (ch Changes, err error) {
 	oldIfaces := map[string]config.Interface{}
 	if old != nil {
 		for _, i := range old.Interfaces {
@@ -46,7 +57,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 		// rather than protect ports that would stay unprotected.
 		notes, err := syncookie.CheckSysctls()
 		if err != nil {
-			return ch, fmt.Errorf("syn.ports: moat cannot issue cookies in this network namespace: %w", err)
+			return ch, refused(fmt.Errorf("syn.ports: moat cannot issue cookies in this network namespace: %w", err))
 		}
 		for _, n := range notes {
 			d.log.Warn(n)
@@ -54,34 +65,55 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 	}
 	for _, i := range cfg.Interfaces {
 		if _, err := net.InterfaceByName(i.Name); err != nil {
-			return ch, fmt.Errorf("interfaces: no interface %q (config line %d)", i.Name, i.Line)
+			return ch, refused(fmt.Errorf("interfaces: no interface %q (config line %d)", i.Name, i.Line))
 		}
 		if o, ok := oldIfaces[i.Name]; ok && o.Mode != i.Mode {
-			return ch, fmt.Errorf("interfaces: %s: the mode changes from %s to %s; that needs a restart (detach, then start)", i.Name, o.Mode, i.Mode)
+			return ch, refused(fmt.Errorf("interfaces: %s: the mode changes from %s to %s; that needs a restart (detach, then start)", i.Name, o.Mode, i.Mode))
 		}
 	}
-
-	// Rate limits first: ratelimit.Apply checks every limit before it
-	// changes one, so a refusal here leaves everything as it was.
-	if err := d.applyLimits(s, cfg); err != nil {
-		return ch, err
-	}
 	want := d.desired(set)
-	if err := d.applyRules(s, want, &ch); err != nil {
-		return ch, err
+	plan, err := d.planRules(s, want)
+	if err != nil {
+		return ch, refused(err)
 	}
-	d.dropShadowed(want)
 
-	// Attach: at start every interface, which adopts a pinned attachment
-	// in place (link.Update, same link, counters kept) and upgrades its
-	// program; at a reload only the new ones.
+	// Attach before the first write: at start every interface, which
+	// adopts a pinned attachment in place (link.Update, same link,
+	// counters kept) and upgrades its program; at a reload only the new
+	// ones. A new interface runs the old rules until they are written,
+	// as every filter shares the maps. If a later step fails, the
+	// interfaces attached here are detached again.
+	var attached []string
+	adopted := false // a pinned attachment's program was replaced: no undo
+	defer func() {
+		if err == nil || len(attached) == 0 {
+			return
+		}
+		ch.Attached = nil
+		for _, name := range attached {
+			if derr := s.Detach(name); derr != nil {
+				// Not a refusal any more: something changed.
+				err = fmt.Errorf("%v; detaching %s again failed: %v", err, name, derr)
+				return
+			}
+			d.log.Info("detached again: the config was not applied", "iface", name)
+		}
+	}()
 	for _, i := range cfg.Interfaces {
 		if _, had := oldIfaces[i.Name]; had {
 			continue
 		}
 		res, err := s.Attach(i.Name, i.AttachMode())
 		if err != nil {
-			return ch, err
+			if !res.Replaced && isPinned(s, i.Name) {
+				// Attached, then a step after failed (the summary,
+				// the SYN slots): detached again below.
+				attached = append(attached, i.Name)
+			}
+			if res.Replaced || adopted {
+				return ch, err
+			}
+			return ch, refused(err)
 		}
 		if res.Warning != "" {
 			d.log.Warn(res.Warning, "iface", i.Name)
@@ -89,10 +121,24 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 		verb := "attached"
 		if res.Replaced {
 			verb = "adopted the pinned attachment and updated its program"
+			adopted = true
+		} else {
+			attached = append(attached, i.Name)
 		}
 		d.log.Info(verb, "iface", i.Name, "mode", res.Mode)
 		ch.Attached = append(ch.Attached, i.Name)
 	}
+
+	// Rate limits first: ratelimit.Apply checks every limit before it
+	// changes one.
+	if err := d.applyLimits(s, cfg); err != nil {
+		return ch, err
+	}
+	if err := d.applyRules(s, want, plan, &ch); err != nil {
+		return ch, err
+	}
+	d.dropShadowed(want)
+
 	keep := map[string]bool{}
 	for _, i := range cfg.Interfaces {
 		keep[i.Name] = true
@@ -121,6 +167,17 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 	n, err := d.applySYN(s, cfg)
 	ch.SYNPorts = n
 	return ch, err
+}
+
+// isPinned tells whether moat has pins for the interface name.
+func isPinned(s *shield.Shield, name string) bool {
+	pins, _ := shield.PinnedInterfaces(s.Root())
+	for _, p := range pins {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // applyLimits makes the rate limits the config's. Limits whose kind and
@@ -223,31 +280,132 @@ func (d *Daemon) dropShadowed(w *wanted) {
 	}
 }
 
-// applyRules writes the allow/deny and port diff, then the policies, then
-// deletes what is stale.
-func (d *Daemon) applyRules(s *shield.Shield, w *wanted, ch *Changes) error {
-	var stale [2][]netip.Prefix
+// rulePlan is what applyRules writes and deletes, worked out and checked
+// before the first write.
+type rulePlan struct {
+	lists [2]shield.ListDiff
+}
+
+// planRules compares the lists with the wanted rules and checks that the
+// change fits: new entries are written before stale ones are deleted, so
+// each map must hold the old and the new entries together for a moment.
+// A change that would run out of room part way is refused here, before
+// anything is written.
+func (d *Daemon) planRules(s *shield.Shield, w *wanted) (*rulePlan, error) {
+	p := &rulePlan{}
+	phase := time.Now()
+	// Commented prefixes held, by list: the comment map is bounded, so
+	// this is too.
+	var commented [2]map[netip.Prefix]bool
+	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
+		have, err := s.Entries(l)
+		if err != nil {
+			return nil, err
+		}
+		commented[l] = map[netip.Prefix]bool{}
+		for _, e := range have {
+			if e.Comment != "" {
+				commented[l][e.Prefix] = true
+			}
+		}
+		p.lists[l] = shield.DiffList(have, w.lists[l])
+		d.log.Debug("apply", "step", "read and compare "+l.String(), "took", time.Since(phase).Round(time.Millisecond))
+		phase = time.Now()
+		if err := checkListRoom(s, l, w.lists[l], p.lists[l].Stale); err != nil {
+			return nil, err
+		}
+	}
+
+	// Comments of both lists share one map. Written with the new
+	// entries; those of stale entries go with them.
+	comments := 0
+	for l := range commented {
+		comments += len(commented[l])
+		for _, e := range w.lists[l] {
+			if e.Comment != "" && !commented[l][e.Prefix] {
+				comments++
+			}
+		}
+	}
+	if m := s.Map(datapath.MoatMapComments); m != nil && comments > int(m.MaxEntries()) {
+		return nil, userErrorf("comments: the change needs room for %d comments at once (the old and the new, as stale ones go last); the comment map holds %d",
+			comments, m.MaxEntries())
+	}
+
+	// Port rules: new ones take free ids before the old ones give theirs
+	// back.
+	if err := s.CheckPortRules(w.ports); err != nil {
+		return nil, fmt.Errorf("ports: %w", err)
+	}
+	return p, nil
+}
+
+// listMaps names the maps of a list, in the order of mapIndex.
+var listMaps = [2][4]struct{ name, what string }{
+	shield.AllowList: {
+		{datapath.MoatMapAllowV4Hosts, "IPv4 hosts"}, {datapath.MoatMapAllowV4Nets, "IPv4 networks"},
+		{datapath.MoatMapAllowV6Hosts, "IPv6 hosts"}, {datapath.MoatMapAllowV6Nets, "IPv6 networks"},
+	},
+	shield.DenyList: {
+		{datapath.MoatMapDenyV4Hosts, "IPv4 hosts"}, {datapath.MoatMapDenyV4Nets, "IPv4 networks"},
+		{datapath.MoatMapDenyV6Hosts, "IPv6 hosts"}, {datapath.MoatMapDenyV6Nets, "IPv6 networks"},
+	},
+}
+
+// mapIndex is the map of a list that holds p: hosts in hash maps, the rest
+// in tries, per family.
+func mapIndex(p netip.Prefix) int {
+	i := 0
+	if !rules.IsHost(p) {
+		i = 1
+	}
+	if p.Addr().Is6() {
+		i += 2
+	}
+	return i
+}
+
+// checkListRoom refuses a change whose wanted entries and stale ones,
+// present together until the stale ones are deleted, do not fit in one of
+// the list's maps.
+func checkListRoom(s *shield.Shield, l shield.List, want []rules.PrefixEntry, stale []netip.Prefix) error {
+	var wanted, old [4]int
+	for _, e := range want {
+		wanted[mapIndex(e.Prefix)]++
+	}
+	for _, p := range stale {
+		old[mapIndex(p)]++
+	}
+	for i, lm := range listMaps[l] {
+		m := s.Map(lm.name)
+		if m == nil {
+			continue
+		}
+		if n := wanted[i] + old[i]; n > int(m.MaxEntries()) {
+			return userErrorf("%s: %s: the change needs room for %d entries at once (%d wanted, %d stale deleted only after the new are written); the map holds %d",
+				l, lm.what, n, wanted[i], old[i], m.MaxEntries())
+		}
+	}
+	return nil
+}
+
+// applyRules writes the allow/deny and port diff planned, then the
+// policies, then deletes what is stale.
+func (d *Daemon) applyRules(s *shield.Shield, w *wanted, p *rulePlan, ch *Changes) error {
 	phase := time.Now()
 	lap := func(what string) {
 		d.log.Debug("apply", "step", what, "took", time.Since(phase).Round(time.Millisecond))
 		phase = time.Now()
 	}
 	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
-		have, err := s.Entries(l)
-		if err != nil {
-			return err
-		}
-		lap("read " + l.String())
-		diff := shield.DiffList(have, w.lists[l])
-		have = nil
-		lap("compare " + l.String())
+		diff := &p.lists[l]
 		if len(diff.Write) > 0 {
 			if err := s.Add(l, diff.Write, shield.Upsert); err != nil {
 				return err
 			}
 		}
 		ch.Added += len(diff.Write)
-		stale[l] = diff.Stale
+		diff.Write = nil
 		lap("write " + l.String())
 	}
 
@@ -264,17 +422,18 @@ func (d *Daemon) applyRules(s *shield.Shield, w *wanted, ch *Changes) error {
 	}
 
 	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
-		if len(stale[l]) == 0 {
+		stale := p.lists[l].Stale
+		if len(stale) == 0 {
 			continue
 		}
-		if err := s.RemovePrefixes(l, stale[l]); err != nil {
+		if err := s.RemovePrefixes(l, stale); err != nil {
 			return err
 		}
-		ch.Removed += len(stale[l])
+		ch.Removed += len(stale)
 		// Named, so that an entry someone added behind the daemon's back
 		// (with no daemon answering) does not vanish without a word.
 		d.log.Info("removed entries in neither the config nor the state file",
-			"list", l.String(), "count", len(stale[l]), "entries", somePrefixes(stale[l], 16))
+			"list", l.String(), "count", len(stale), "entries", somePrefixes(stale, 16))
 		lap("delete stale " + l.String())
 	}
 	return nil

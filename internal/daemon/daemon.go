@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -102,6 +104,11 @@ func Run(ctx context.Context, opts Options) error {
 		d.log = newLogger(cfg, d.logLevel)
 	}
 	setLevel(d.logLevel, cfg.Daemon.LogLevel)
+	lock, err := lockDaemon(d.root, cfg.Daemon.Socket)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 	if d.st, err = state.Load(cfg.Daemon.StateFile); err != nil {
 		return err
 	}
@@ -115,6 +122,13 @@ func Run(ctx context.Context, opts Options) error {
 		ln.Close()
 		os.Remove(cfg.Daemon.Socket)
 	}()
+	metricsLn, err := listenMetrics(cfg)
+	if err != nil {
+		return err
+	}
+	if metricsLn != nil {
+		defer metricsLn.Close()
+	}
 
 	start := time.Now()
 	// A start refused on a host where moat kept no state leaves none: the
@@ -156,15 +170,10 @@ func Run(ctx context.Context, opts Options) error {
 	go srv.Serve(ln)
 	defer srv.Close()
 
-	metricsSrv, err := d.serveMetrics(cfg)
-	if err != nil {
-		return err
+	if metricsLn != nil {
+		metricsSrv := d.serveMetrics(metricsLn, cfg)
+		defer metricsSrv.Close()
 	}
-	defer func() {
-		if metricsSrv != nil {
-			metricsSrv.Close()
-		}
-	}()
 
 	// Without the census (another process takes it, a kernel without TCP
 	// socket iterators) every SYN and ACK of a protected port pays the
@@ -260,6 +269,41 @@ func listen(path string) (net.Listener, error) {
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	return ln, nil
+}
+
+// lockDaemon makes the daemon the only one on its root: two daemons would
+// each remove the other's runtime rules as entries their state file lacks.
+// The flock is held for the daemon's life and goes with the process, even
+// killed. The lock file lives in /run beside shield's state lock, named
+// the same way (the inode of the root's parent tells roots of the same
+// name apart), and says which daemon holds it.
+func lockDaemon(root, socket string) (*os.File, error) {
+	path := "/run/moat-" + filepath.Base(root) + ".daemon.lock"
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Dir(root), &st); err == nil {
+		path = fmt.Sprintf("/run/moat-%d-%s.daemon.lock", st.Ino, filepath.Base(root))
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s for the daemon: %w", root, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := io.ReadAll(io.LimitReader(f, 256))
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			who := strings.TrimSpace(string(holder))
+			if who == "" {
+				who = "lock " + path
+			}
+			return nil, fmt.Errorf("another moat daemon manages %s (%s); stop it, or give this one another daemon.bpffs_root", root, who)
+		}
+		return nil, fmt.Errorf("lock %s for the daemon: %w", root, err)
+	}
+	// Whoever is refused reads this. A failure here costs only the name.
+	if err := f.Truncate(0); err == nil {
+		fmt.Fprintf(f, "pid %d, socket %s", os.Getpid(), socket)
+	}
+	return f, nil
 }
 
 // withShield opens the pinned state for one change. Callers hold d.mu.
@@ -414,8 +458,9 @@ func (d *Daemon) sample() {
 // ReloadResult is what a reload did.
 type ReloadResult struct {
 	OK bool `json:"ok"`
-	// Refused: the config was not applied at all (errors in it, or a
-	// change that needs a restart); the rules are exactly as before.
+	// Refused: the config was not applied at all (errors in it, a
+	// change that needs a restart, or one this host or the maps cannot
+	// take); the rules are exactly as before.
 	Refused  bool          `json:"refused,omitempty"`
 	Errors   []string      `json:"errors,omitempty"`
 	Took     time.Duration `json:"took_ns"`
@@ -457,6 +502,10 @@ func (d *Daemon) Reload() ReloadResult {
 		return err
 	})
 	set = nil
+	if r := (*refusal)(nil); errors.As(err, &r) {
+		d.log.Error("reload refused; nothing changed", "err", err)
+		return ReloadResult{Refused: true, Errors: []string{err.Error()}}
+	}
 	if err != nil {
 		d.log.Error("reload failed part way; the rules present before and after are in place", "err", err)
 		return ReloadResult{Errors: []string{err.Error()}, Changes: ch}

@@ -1218,8 +1218,8 @@ func TestSynRotateWithDaemon(t *testing.T) {
 		want string
 	}{
 		{[]string{"syn", "rotate"}, "it rotates the keys itself (syn.rotate_every in its config)"},
-		{[]string{"syn", "rotate", "--every", "0s"}, "--every must be at least 1s"},
-		{[]string{"syn", "rotate", "--every", "500ms"}, "--every must be at least 1s"},
+		{[]string{"syn", "rotate", "--every", "0s"}, "the key rotation period must be between 1s and 24h0m0s"},
+		{[]string{"syn", "rotate", "--every", "500ms"}, "the key rotation period must be between 1s and 24h0m0s"},
 	} {
 		r := e.moat(tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {

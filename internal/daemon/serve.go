@@ -12,10 +12,10 @@ import (
 	"github.com/moat-shield/moat/internal/metrics"
 )
 
-// serveMetrics serves the Prometheus exposition on the configured address,
-// or nothing if metrics are off. The collector reads the pinned maps
-// without the state lock, so a scrape never waits for a change.
-func (d *Daemon) serveMetrics(cfg *config.Config) (*http.Server, error) {
+// listenMetrics opens the metrics listener, or none if metrics are off.
+// The daemon opens it before it applies anything, so that an address it
+// cannot take refuses the start while nothing has changed.
+func listenMetrics(cfg *config.Config) (net.Listener, error) {
 	if !cfg.Metrics.On() {
 		return nil, nil
 	}
@@ -23,12 +23,19 @@ func (d *Daemon) serveMetrics(cfg *config.Config) (*http.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	return ln, nil
+}
+
+// serveMetrics serves the Prometheus exposition on ln. The collector
+// reads the pinned maps without the state lock, so a scrape never waits
+// for a change.
+func (d *Daemon) serveMetrics(ln net.Listener, cfg *config.Config) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler(metrics.Config{Root: d.root, TopEntries: cfg.Metrics.TopEntries, Logger: d.log}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	d.log.Info("serving metrics", "address", "http://"+ln.Addr().String()+"/metrics")
-	return srv, nil
+	return srv
 }
 
 // notify tells systemd about the daemon's state (sd_notify): a datagram to

@@ -1,0 +1,267 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+// attached lists the interfaces moat is attached to under the env's root.
+func (e *env) attached() []string {
+	e.t.Helper()
+	s, err := shield.Open(e.root)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer s.Close()
+	atts, err := s.Attachments()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, a := range atts {
+		out = append(out, a.Iface)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// refusedReload reloads and wants the reload refused: exit 2, one line on
+// stderr that says so and contains want, and no change to the rules, the
+// limits or the attachments.
+func (e *env) refusedReload(want string) {
+	e.t.Helper()
+	rules, limits, atts := e.rulesNow(), fmt.Sprint(e.limits()), e.attached()
+	r := e.moat("reload")
+	stderr := strings.TrimSpace(r.stderr)
+	if r.code != 2 || strings.Contains(stderr, "\n") || !strings.HasPrefix(stderr, "moat: reload refused") || !strings.Contains(stderr, want) {
+		e.t.Fatalf("reload: exit %d, stderr %q; want exit 2 and one line saying it was refused and %q\ndaemon log:\n%s", r.code, r.stderr, want, e.log)
+	}
+	if now := e.rulesNow(); strings.Join(now, "\n") != strings.Join(rules, "\n") {
+		e.t.Errorf("the refused reload changed the rules:\n%s\nto\n%s", strings.Join(rules, "\n"), strings.Join(now, "\n"))
+	}
+	if now := fmt.Sprint(e.limits()); now != limits {
+		e.t.Errorf("the refused reload changed the limits: %s to %s", limits, now)
+	}
+	if now := e.attached(); strings.Join(now, ",") != strings.Join(atts, ",") {
+		e.t.Errorf("the refused reload changed the attachments: %v to %v", atts, now)
+	}
+}
+
+// A reload whose new interface cannot be attached (lo in native mode) is
+// refused and changes nothing: not the deny entry, port rule and limit it
+// also changes, and not the other new interface, attached on the way and
+// detached again. Without the bad interface, the same config applies.
+func TestReloadThatCannotAttachChangesNothing(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf(`interfaces:
+  - name: %s
+deny:
+  - 203.0.113.0/24
+ports:
+  - rule: udp/19
+    action: drop
+limits:
+  - kind: source
+    scope: udp/53
+    pps: 100
+`, e.attackerIf()))
+	e.start()
+	next := fmt.Sprintf(`interfaces:
+  - name: %s
+  - name: %s
+    mode: generic
+%%s
+deny:
+  - 203.0.113.0/25
+ports:
+  - rule: udp/19
+    action: drop
+  - rule: tcp/7
+    action: drop
+limits:
+  - kind: source
+    scope: udp/53
+    pps: 200
+`, e.attackerIf(), e.clientIf())
+	e.writeConfig(fmt.Sprintf(next, "  - name: lo\n    mode: native"))
+	e.refusedReload("attach to lo")
+	if !strings.Contains(e.log.String(), "reload refused") {
+		t.Errorf("the daemon's log does not say the reload was refused:\n%s", e.log)
+	}
+
+	e.writeConfig(fmt.Sprintf(next, ""))
+	e.mustMoat("reload")
+	want := []string{e.attackerIf(), e.clientIf()}
+	sort.Strings(want)
+	if got := e.attached(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("attached to %v after the good reload, want %v", got, want)
+	}
+	now := e.rulesNow()
+	for _, want := range []string{"deny 203.0.113.0/25", "port tcp/7 drop"} {
+		if !contains(now, want) {
+			t.Errorf("after the good reload %q is missing: %v", want, now)
+		}
+	}
+	if l := e.limits(); len(l) != 1 || l[0].PPS != 200 {
+		t.Errorf("limits after the good reload: %+v", l)
+	}
+}
+
+// Reloads refused before anything is written are reported as refusals
+// (exit 2, the error on one line), not as failures part way.
+func TestReloadRefusalsAreRefusals(t *testing.T) {
+	e := newEnv(t)
+	base := fmt.Sprintf("interfaces:\n  - name: %s\n    mode: generic\ndeny:\n  - 203.0.113.0/24\n", e.attackerIf())
+	e.writeConfig(base)
+	e.start()
+
+	e.writeConfig(strings.Replace(base, "deny:", "  - name: fxd-nosuch0\ndeny:", 1))
+	e.refusedReload(`interfaces: no interface "fxd-nosuch0"`)
+
+	e.writeConfig(strings.Replace(base, "mode: generic", "mode: native", 1))
+	e.refusedReload("the mode changes from generic to native; that needs a restart")
+
+	if err := e.lab.Server.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_syncookies", []byte("0"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(base + "syn:\n  ports:\n    - port: 443\n")
+	e.refusedReload("net.ipv4.tcp_syncookies is 0")
+}
+
+// A change whose old and new entries do not fit in a map together (new
+// ones are written before stale ones go) is refused before the first
+// write, naming the map and the numbers; so is one with too many port
+// rules at once.
+func TestReloadRefusedWhenOldAndNewDoNotFit(t *testing.T) {
+	e := newEnv(t)
+	const hosts = 40_000 // twice as many do not fit in the allowlist's 65,536
+	writeHosts(t, filepath.Join(e.dir, "a.list"), netip.MustParseAddr("10.1.0.0"), hosts)
+	writeHosts(t, filepath.Join(e.dir, "b.list"), netip.MustParseAddr("10.2.0.0"), hosts)
+	ports := func(from int) string {
+		var b strings.Builder
+		b.WriteString("ports:\n")
+		for p := from; p < from+600; p++ { // 1,023 port rules fit
+			fmt.Fprintf(&b, "  - rule: udp/%d\n    action: drop\n", p)
+		}
+		return b.String()
+	}
+	ifaces := fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf())
+	e.writeConfig(ifaces + "lists:\n  - file: a.list\n    list: allow\n" + ports(1000))
+	e.start()
+
+	e.writeConfig(ifaces + "lists:\n  - file: b.list\n    list: allow\n" + ports(1000))
+	e.refusedReload("allowlist: IPv4 hosts: the change needs room for 80000 entries at once (40000 wanted, 40000 stale")
+
+	e.writeConfig(ifaces + "lists:\n  - file: a.list\n    list: allow\n" + ports(2000))
+	e.refusedReload("ports: no room for 600 more port rules: 1023 rules is the limit and 600 are held")
+
+	// Within the limits, the same kind of change applies.
+	e.writeConfig(ifaces + "lists:\n  - file: a.list\n    list: allow\n" + ports(1300))
+	e.mustMoat("reload")
+	if now := e.rulesNow(); !contains(now, "port udp/1899 drop") || contains(now, "port udp/1000 drop") {
+		t.Errorf("the port rules did not move to udp/1300-1899")
+	}
+}
+
+// A second daemon on the same root, with its own socket and state file,
+// is refused at start with one line naming the root and the daemon that
+// holds it; the first daemon's runtime rules stay.
+func TestSecondDaemonOnTheRootRefused(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	e.mustMoat("block", "192.0.2.77")
+
+	cfg2 := filepath.Join(e.dir, "second.yaml")
+	text := fmt.Sprintf("interfaces:\n  - name: %s\nmetrics:\n  enabled: false\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n",
+		e.attackerIf(), e.root, filepath.Join(e.dir, "second.json"), filepath.Join(e.dir, "second.sock"))
+	if err := os.WriteFile(cfg2, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := e.runToExit(cfg2)
+	line := strings.TrimSpace(out)
+	want := fmt.Sprintf("moat: another moat daemon manages %s (pid %d, socket %s)", e.root, e.daemon.Process.Pid, e.sock)
+	if code == 0 || !strings.HasPrefix(line, want) || strings.Contains(line, "\n") {
+		t.Errorf("second daemon: exit %d, output %q; want one line starting %q", code, out, want)
+	}
+	if !contains(e.rulesNow(), "deny 192.0.2.77/32") {
+		t.Errorf("the first daemon's runtime rule is gone")
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "second.sock")); err == nil {
+		t.Errorf("the refused daemon left its socket")
+	}
+}
+
+// runToExit runs a daemon with cfg in the server's namespace, which must
+// exit by itself, and returns its output and exit status.
+func (e *env) runToExit(cfg string) (string, int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := e.lab.Server.Command(ctx, moatBin, "run", "--config", cfg).CombinedOutput()
+	if ctx.Err() != nil {
+		e.t.Fatalf("the daemon did not exit:\n%s", out)
+	}
+	code := 0
+	if err != nil {
+		code = 1
+		if ee, ok := err.(interface{ ExitCode() int }); ok {
+			code = ee.ExitCode()
+		}
+	}
+	return string(out), code
+}
+
+// A start whose metrics address is taken fails before it applies
+// anything: a fresh root is not even made.
+func TestMetricsAddressTakenRefusesStart(t *testing.T) {
+	e := newEnv(t)
+	var ln net.Listener
+	if err := e.lab.Server.Do(func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	text := fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.0/24\nmetrics:\n  address: %s\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n",
+		e.attackerIf(), ln.Addr(), e.root, e.stateFile, e.sock)
+	if err := os.WriteFile(e.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := e.runToExit(e.cfg)
+	if code != 1 || !strings.Contains(out, "moat: metrics: listen tcp "+ln.Addr().String()) {
+		t.Errorf("start with a taken metrics address: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(e.root); err == nil {
+		t.Errorf("the refused start left %s behind", e.root)
+	}
+}
+
+// `moat --root R reload` reloads only a daemon that manages R.
+func TestReloadChecksTheRoot(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	other := e.root + "-fxd-other"
+	r := e.moat("--root", other, "reload")
+	if r.code != 2 || !strings.Contains(r.stderr, "manages "+e.root+", not "+other) {
+		t.Errorf("reload with another root: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if strings.Contains(e.log.String(), "msg=reloaded") {
+		t.Errorf("the daemon reloaded for another root")
+	}
+	e.mustMoat("--root", e.root, "reload")
+}
