@@ -86,7 +86,8 @@ func (g *globals) findDaemon(forChange bool) (*daemonClient, error) {
 	return c, nil
 }
 
-// via says on stderr that a change went through the daemon.
+// via says on stderr that a change went through the daemon; called once
+// the daemon made it, so that an error alone is one line, as without one.
 func (c *daemonClient) via(w io.Writer) {
 	fmt.Fprintf(w, "moat: via moat daemon (%s)\n", c.socket)
 }

@@ -59,7 +59,7 @@ func newAttachCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&mode, "mode", "", "XDP mode: native or generic (default: native, falling back to generic)")
+	cmd.Flags().StringVar(&mode, "mode", "", "XDP mode: native, generic, or auto (the default: native, falling back to generic)")
 	return cmd
 }
 

@@ -43,11 +43,11 @@ func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 			if c, err := g.daemon(); err != nil {
 				return err
 			} else if c != nil {
-				c.via(cmd.ErrOrStderr())
 				req := daemon.PrefixRequest{List: listName(l), Prefixes: a, TTL: ttl, Comment: comment}
 				if err := c.call("POST", "/v1/prefixes/add", req, nil); err != nil {
 					return err
 				}
+				c.via(cmd.ErrOrStderr())
 				fmt.Fprintf(cmd.OutOrStdout(), "added %d to the %s\n", len(entries), l)
 				return nil
 			}
@@ -96,11 +96,11 @@ func removeCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 			if c, err := g.daemon(); err != nil {
 				return err
 			} else if c != nil {
-				c.via(cmd.ErrOrStderr())
 				req := daemon.PrefixRequest{List: listName(l), Prefixes: a}
 				if err := c.call("POST", "/v1/prefixes/remove", req, nil); err != nil {
 					return err
 				}
+				c.via(cmd.ErrOrStderr())
 				fmt.Fprintf(cmd.OutOrStdout(), "removed %d from the %s\n", len(prefixes), l)
 				return nil
 			}
@@ -172,10 +172,10 @@ func newPortCmd(g *globals) *cobra.Command {
 			if c, err := g.daemon(); err != nil {
 				return err
 			} else if c != nil {
-				c.via(cmd.ErrOrStderr())
 				if err := c.call("POST", "/v1/ports", daemon.PortRequest{Action: verb, Rules: a[1:]}, nil); err != nil {
 					return err
 				}
+				c.via(cmd.ErrOrStderr())
 				for _, spec := range specs {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", map[bool]string{true: "removed", false: verb}[verb == "remove"], spec)
 				}
@@ -237,6 +237,8 @@ func newPolicyCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "policy [fragments pass|drop] [malformed drop|pass]",
 		Short: "Show or set what happens to non-first fragments and to malformed packets",
+		Long: "Show or set what happens to non-first fragments (they carry no ports: pass, the default, or drop) and to malformed packets (truncated or inconsistent headers: drop, the default, or pass).\n\n" +
+			"Headers the kernel would see through where the filter cannot (a third VLAN tag, an IPv6 extension chain longer than eight headers, an IPv4 TCP fragment at offset 8 bytes, a first fragment that cuts its TCP, UDP or ICMP header) are dropped whatever the malformed policy: passed, they would skip every rule.",
 		Args: args(func(_ *cobra.Command, a []string) error {
 			if len(a)%2 != 0 {
 				return fmt.Errorf("give policy names with values, e.g. fragments drop")

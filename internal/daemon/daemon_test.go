@@ -806,6 +806,10 @@ func TestManagedRootRefusesDirectChanges(t *testing.T) {
 	if r := e.moat("block", "203.0.113.9"); r.code != 0 || !strings.Contains(r.stderr, "via moat daemon") {
 		t.Errorf("block through the daemon: exit %d, stderr %q", r.code, r.stderr)
 	}
+	// A refusal through the daemon is one line, as without it.
+	if r := e.moat("block", "203.0.113.9"); r.code != 2 || strings.Count(r.stderr, "\n") != 1 || strings.Contains(r.stderr, "via moat daemon") {
+		t.Errorf("block of a listed address through the daemon: exit %d, want 2 and one line; stderr %q", r.code, r.stderr)
+	}
 }
 
 // TestSYNPortsFromConfig checks the config's SYN ports: every one is
