@@ -110,7 +110,9 @@ func TestBadInput(t *testing.T) {
 		{"syn protect a port twice", []string{"syn", "protect", "tcp/443", "tcp/80", "tcp/443"}, "tcp/443 given twice"},
 		{"syn rotate period too long", []string{"syn", "rotate", "--every", "1500000h"}, "out of range"},
 		{"syn rotate period too short", []string{"syn", "rotate", "--every", "500ms"}, "out of range"},
-		{"detach --all with nothing attached", []string{"detach", "--all"}, "nothing attached under"},
+		{"detach --all with nothing attached", []string{"detach", "--all"}, "--remove-rules removes them"},
+		{"detach --remove-rules without --all", []string{"detach", "--remove-rules", "eth0"}, "--remove-rules goes with --all"},
+		{"detach --remove-rules with --keep-rules", []string{"detach", "--all", "--remove-rules", "--keep-rules"}, "not with --keep-rules"},
 		{"policy bad value", []string{"policy", "fragments", "maybe"}, "fragments"},
 		{"policy second value bad", []string{"policy", "fragments", "pass", "malformed", "maybe"}, "malformed"},
 		{"policy unknown name", []string{"policy", "ttl", "drop"}, "unknown policy"},
@@ -221,5 +223,20 @@ func TestListEmptyRootJSON(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("list --json lacks %s:\n%s", want, r.stdout)
 		}
+	}
+}
+
+// TestDetachRemoveRules: rules set up on a root that nothing is attached
+// to are removed only when asked.
+func TestDetachRemoveRules(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	seedRules(t, root)
+	r := mustRun(t, root, "detach", "--all", "--remove-rules")
+	if !strings.Contains(r.stdout, "removed rules and pins") {
+		t.Errorf("detach --all --remove-rules said:\n%s", r.stdout)
+	}
+	if st := pinnedState(t, root); st != "" {
+		t.Fatalf("pins left:\n%s", st)
 	}
 }

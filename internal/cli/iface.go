@@ -64,13 +64,16 @@ func newAttachCmd(g *globals) *cobra.Command {
 }
 
 func newDetachCmd(g *globals) *cobra.Command {
-	var all, keepRules bool
+	var all, keepRules, removeRules bool
 	cmd := &cobra.Command{
-		Use:   "detach IFACE... | --all",
+		Use:   "detach IFACE... | --all [--remove-rules]",
 		Short: "Detach the filter from interfaces; the last detach also removes the rules unless --keep-rules",
 		Args: args(func(cmd *cobra.Command, a []string) error {
 			if all != (len(a) == 0) {
 				return fmt.Errorf("give interface names or --all, not both or neither")
+			}
+			if removeRules && (!all || keepRules) {
+				return fmt.Errorf("--remove-rules goes with --all, and not with --keep-rules")
 			}
 			return nil
 		}),
@@ -93,9 +96,9 @@ func newDetachCmd(g *globals) *cobra.Command {
 			}
 			if all {
 				// Nothing to detach is not a last detach: the rules of a
-				// root set up before its first attach stay.
-				if len(atts) == 0 {
-					return usagef("nothing attached under %s; rules kept", g.root)
+				// root set up before its first attach stay, unless asked.
+				if len(atts) == 0 && !removeRules {
+					return usagef("nothing attached under %s; rules kept (--remove-rules removes them)", g.root)
 				}
 				for _, a := range atts {
 					ifaces = append(ifaces, a.Iface)
@@ -127,6 +130,7 @@ func newDetachCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "detach from every interface")
 	cmd.Flags().BoolVar(&keepRules, "keep-rules", false, "keep the rule maps pinned after the last detach")
+	cmd.Flags().BoolVar(&removeRules, "remove-rules", false, "with --all: remove the rules and pins even when nothing is attached")
 	return cmd
 }
 

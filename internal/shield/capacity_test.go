@@ -66,12 +66,26 @@ func state(t *testing.T, s *shield.Shield) string {
 }
 
 // TestAddRefusesOverCapacity: a change that a list's map (or the comment
-// map) cannot hold is refused before the first write, with one line that
-// names the list, what it holds and both numbers, and leaves everything as
-// it was; a change that fits exactly, or that only rewrites held keys,
-// goes through.
+// map) cannot hold is refused with one line that names the list and what
+// it holds, and leaves everything as it was; a change that fits exactly,
+// or that only rewrites held keys, goes through. A large change is
+// refused before the first write, with both numbers; a change of a few
+// entries, which does not count what the maps hold, when a map is full.
 func TestAddRefusesOverCapacity(t *testing.T) {
-	t.Parallel()
+	t.Run("few entries", func(t *testing.T) { testAddRefusesOverCapacity(t, true) })
+	t.Run("in batches", func(t *testing.T) {
+		defer shield.AddInBatches()()
+		testAddRefusesOverCapacity(t, false)
+	})
+}
+
+func testAddRefusesOverCapacity(t *testing.T, few bool) {
+	room := func(need int) string {
+		if few {
+			return "; it has no room for this change"
+		}
+		return fmt.Sprintf("; this change needs %d", need)
+	}
 	s := openFreshSized(t, smallMaps)
 	if err := s.Add(shield.AllowList, hosts("10.0.0.1", 7), shield.Strict); err != nil {
 		t.Fatal(err)
@@ -102,15 +116,15 @@ func TestAddRefusesOverCapacity(t *testing.T) {
 		// As `moat allow 2001:db8::1 10.200.0.1 10.201.0.0/16`: the IPv6
 		// host and the network would fit.
 		_, err := s.Insert(shield.AllowList, append(entries("2001:db8::1/128"), append(hosts("10.200.0.1", 2), entries("10.201.0.0/16")...)...))
-		refused(t, err, "the allowlist holds at most 8 IPv4 hosts; this change needs 9")
+		refused(t, err, "the allowlist holds at most 8 IPv4 hosts"+room(9))
 	})
 	t.Run("trie full", func(t *testing.T) {
 		err := s.Add(shield.AllowList, entries("10.11.0.0/16", "10.12.0.0/16"), shield.Upsert)
-		refused(t, err, "the allowlist holds at most 4 IPv4 networks; this change needs 5")
+		refused(t, err, "the allowlist holds at most 4 IPv4 networks"+room(5))
 	})
 	t.Run("comments full", func(t *testing.T) {
 		err := s.Add(shield.DenyList, commented(hosts("198.51.100.1", 5), "new"), shield.Upsert)
-		refused(t, err, "holds at most 6 comments (allowlist and denylist together); this change needs 7")
+		refused(t, err, "holds at most 6 comments (allowlist and denylist together)"+room(7))
 	})
 	t.Run("replace needs old and new at once", func(t *testing.T) {
 		// Stale entries go only after the new ones are in place.
@@ -160,7 +174,14 @@ func TestAddRefusesOverCapacity(t *testing.T) {
 // beside the hosts), the entries and comments the change added are
 // deleted again; an entry it rewrote stays.
 func TestAddTakesBackAFailedWrite(t *testing.T) {
-	t.Parallel()
+	t.Run("few entries", testAddTakesBackAFailedWrite)
+	t.Run("in batches", func(t *testing.T) {
+		defer shield.AddInBatches()()
+		testAddTakesBackAFailedWrite(t)
+	})
+}
+
+func testAddTakesBackAFailedWrite(t *testing.T) {
 	s := openFreshSized(t, smallMaps)
 	if err := s.Add(shield.AllowList, commented(entries("192.0.2.1/32"), "held"), shield.Strict); err != nil {
 		t.Fatal(err)

@@ -42,3 +42,11 @@ func (s *Shield) FilterSeed(tb testing.TB) uint64 {
 func OpenSized(root string, sizes map[string]uint32) (*Shield, error) {
 	return open(root, sizes)
 }
+
+// AddInBatches makes Add take the path of large changes (a count of each
+// map it writes) however few the entries, until restore is called.
+func AddInBatches() (restore func()) {
+	was := fewEntries
+	fewEntries = 0
+	return func() { fewEntries = was }
+}

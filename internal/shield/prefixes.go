@@ -230,6 +230,9 @@ func (s *Shield) add(l List, entries []Entry, mode AddMode) error {
 			return err
 		}
 	}
+	if len(entries) <= fewEntries {
+		return s.addFew(l, entries, mode)
+	}
 	c, err := s.prepareAdd(l, entries, mode)
 	if err != nil {
 		return err
@@ -238,6 +241,116 @@ func (s *Shield) add(l List, entries []Entry, mode AddMode) error {
 		return err
 	}
 	return s.commit(c)
+}
+
+// fewEntries is the largest change addFew makes. Counting what a map holds
+// means reading it whole, which for a million entries takes a few hundred
+// milliseconds: too much for `moat block` of one address. A change of a
+// few entries looks up its own keys instead and lets a full map refuse it.
+var fewEntries = 64 // a variable for tests of both paths
+
+// addFew is add for a few entries, all or nothing as well: it looks up
+// which of its keys the maps hold, writes the new keys first (comments,
+// then entries), and deletes them again if one does not fit; only then
+// does it overwrite the keys that were there, which needs no room.
+func (s *Shield) addFew(l List, entries []Entry, mode AddMode) error {
+	type key struct {
+		m *ebpf.Map
+		k any
+	}
+	type write struct {
+		key
+		v      any
+		held   bool
+		prefix netip.Prefix // of an entry; invalid for a comment
+	}
+	comments := s.maps[datapath.MoatMapComments]
+	var writes []write // in order: each entry's comment, then the entry
+	now := bootNow()
+	for _, e := range entries {
+		v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
+		if e.Comment != "" {
+			v.Flags = 1 // RULE_F_COMMENT
+			var t datapath.MoatComment
+			for i := 0; i < len(e.Comment); i++ {
+				t.Text[i] = int8(e.Comment[i])
+			}
+			ck := commentKey(l, e.Prefix)
+			var old datapath.MoatComment
+			held, err := present(comments.Lookup(ck, &old))
+			if err != nil {
+				return err
+			}
+			writes = append(writes, write{key{comments, ck}, t, held, netip.Prefix{}})
+		}
+		_, held, err := s.lookup(l, e.Prefix)
+		if err != nil {
+			return err
+		}
+		m, k := s.mapFor(l, e.Prefix)
+		writes = append(writes, write{key{m, k}, v, held, e.Prefix})
+	}
+
+	if l == AllowList {
+		var bits uint32
+		for _, e := range entries {
+			bits |= familyBit(e.Prefix)
+		}
+		if err := s.updateAllowInUse(func(in uint32) uint32 { return in | bits }); err != nil {
+			return err
+		}
+	} else if err := s.markDeny(entries); err != nil {
+		return err
+	}
+	var added []write
+	takeBack := func(err error) error {
+		var gone []netip.Prefix
+		for _, w := range added {
+			if derr := w.m.Delete(w.k); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("%w; taking the change back failed too: %v", err, derr)
+			}
+			if w.prefix.IsValid() {
+				gone = append(gone, w.prefix)
+			}
+		}
+		if l == AllowList {
+			return cmp.Or(err, s.clearEmptyAllowFamilies())
+		}
+		return cmp.Or(err, s.noteRemoved(gone))
+	}
+	for _, held := range []bool{false, true} {
+		for _, w := range writes {
+			if w.held != held {
+				continue
+			}
+			if err := w.m.Update(w.k, w.v, ebpf.UpdateAny); err != nil {
+				if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
+					err = userErrorf("the comment map holds at most %d comments (allowlist and denylist together); it has no room for this change", w.m.MaxEntries())
+					if w.prefix.IsValid() {
+						err = userErrorf("the %s holds at most %d %s; it has no room for this change", l, w.m.MaxEntries(), classNames[prefixClass(w.prefix)])
+					}
+				} else {
+					err = fmt.Errorf("update %s: map %s: %w", l, mapName(w.m), err)
+				}
+				return takeBack(err)
+			}
+			if !held {
+				added = append(added, w)
+			}
+		}
+	}
+	if mode == Upsert {
+		return s.dropStaleComments(l, entries)
+	}
+	return nil
+}
+
+// present turns a lookup's error into whether the key was there.
+func present(err error) (bool, error) {
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // listChange is one list's part of an add: the entries queued per map, and
