@@ -1219,17 +1219,20 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 		return SYN_TC_NEXT;
 	key = p->dport;
 	port = bpf_map_lookup_elem(&syn_ports, &key);
-	if (!port || port->mode == SYN_MODE_OFF)
+	/* In auto mode cookies exist only during and shortly after a flood,
+	 * in never mode only shortly after the port left cookie mode (the
+	 * control plane then sets last_flood_ns); outside that the ACK path
+	 * costs the port's entry and, after a flood, a clock read. */
+	if (!port || port->mode == SYN_MODE_OFF || !(port->mode == SYN_MODE_ALWAYS || port->last_flood_ns))
 		return SYN_TC_NEXT;
 	cfg = syn_get_config();
 	if (!cfg)
 		return SYN_TC_NEXT;
-	/* In auto mode cookies exist only during and shortly after a flood,
-	 * in never mode only shortly after the port left cookie mode (the
-	 * control plane then sets last_flood_ns); outside that the ACK path
-	 * costs nothing. */
 	now = bpf_ktime_get_boot_ns();
-	if (port->mode != SYN_MODE_ALWAYS && !(port->mode == SYN_MODE_AUTO && port->flooding) &&
+	/* flooding is cleared only by a SYN after the hold: flood_until_ns
+	 * says when a flood is over. */
+	if (port->mode != SYN_MODE_ALWAYS &&
+	    !(port->mode == SYN_MODE_AUTO && port->flooding && (__s64)(now - port->flood_until_ns) <= 0) &&
 	    now - port->last_flood_ns >
 		    (cfg->cookie_lifetime_ns ? cfg->cookie_lifetime_ns : SYN_DEFAULT_LIFETIME_NS))
 		return SYN_TC_NEXT;

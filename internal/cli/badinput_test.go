@@ -232,6 +232,14 @@ func TestDetachRemoveRules(t *testing.T) {
 	t.Parallel()
 	root := newRoot(t)
 	seedRules(t, root)
+	before := pinnedState(t, root)
+	// Asked to keep the rules, with nothing to detach: nothing to do.
+	if r := mustRun(t, root, "detach", "--all", "--keep-rules"); !strings.Contains(r.stdout, "rules kept") {
+		t.Errorf("detach --all --keep-rules said:\n%s", r.stdout)
+	}
+	if after := pinnedState(t, root); after != before {
+		t.Fatalf("detach --all --keep-rules changed the pins:\n%s\nwas\n%s", after, before)
+	}
 	r := mustRun(t, root, "detach", "--all", "--remove-rules")
 	if !strings.Contains(r.stdout, "removed rules and pins") {
 		t.Errorf("detach --all --remove-rules said:\n%s", r.stdout)

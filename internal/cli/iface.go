@@ -97,6 +97,10 @@ func newDetachCmd(g *globals) *cobra.Command {
 			if all {
 				// Nothing to detach is not a last detach: the rules of a
 				// root set up before its first attach stay, unless asked.
+				if len(atts) == 0 && keepRules {
+					fmt.Fprintf(cmd.OutOrStdout(), "nothing attached under %s; rules kept\n", g.root)
+					return nil
+				}
 				if len(atts) == 0 && !removeRules {
 					return usagef("nothing attached under %s; rules kept (--remove-rules removes them)", g.root)
 				}

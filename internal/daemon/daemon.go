@@ -14,6 +14,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -274,15 +275,17 @@ func listen(path string) (net.Listener, error) {
 // lockDaemon makes the daemon the only one on its root: two daemons would
 // each remove the other's runtime rules as entries their state file lacks.
 // The flock is held for the daemon's life and goes with the process, even
-// killed. The lock file lives in /run beside shield's state lock, named
-// the same way (the inode of the root's parent tells roots of the same
-// name apart), and says which daemon holds it.
+// killed. The lock file lives in /run beside shield's state lock and says
+// which daemon holds it. It is named after the root's absolute path, which
+// a daemon knows before bpffs is mounted there (an inode would change with
+// the mount).
 func lockDaemon(root, socket string) (*os.File, error) {
-	path := "/run/moat-" + filepath.Base(root) + ".daemon.lock"
-	var st unix.Stat_t
-	if err := unix.Stat(filepath.Dir(root), &st); err == nil {
-		path = fmt.Sprintf("/run/moat-%d-%s.daemon.lock", st.Ino, filepath.Base(root))
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s for the daemon: %w", root, err)
 	}
+	sum := sha256.Sum256([]byte(abs))
+	path := fmt.Sprintf("/run/moat-daemon-%s-%x.lock", filepath.Base(abs), sum[:4])
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s for the daemon: %w", root, err)

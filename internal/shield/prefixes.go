@@ -245,14 +245,18 @@ func (s *Shield) add(l List, entries []Entry, mode AddMode) error {
 
 // fewEntries is the largest change addFew makes. Counting what a map holds
 // means reading it whole, which for a million entries takes a few hundred
-// milliseconds: too much for `moat block` of one address. A change of a
-// few entries looks up its own keys instead and lets a full map refuse it.
-var fewEntries = 64 // a variable for tests of both paths
+// milliseconds: too much for `moat block` of one address. A change of up
+// to this many entries looks up its own keys instead (about 2 µs each) and
+// lets a full map refuse it.
+var fewEntries = 16384 // a variable for tests of both paths
 
 // addFew is add for a few entries, all or nothing as well: it looks up
 // which of its keys the maps hold, writes the new keys first (comments,
 // then entries), and deletes them again if one does not fit; only then
-// does it overwrite the keys that were there, which needs no room.
+// does it overwrite the keys that were there, which needs no room. A new
+// key is written only if still absent: one the data path wrote meanwhile
+// (an auto-block) counts as held, so that taking the change back never
+// deletes it.
 func (s *Shield) addFew(l List, entries []Entry, mode AddMode) error {
 	type key struct {
 		m *ebpf.Map
@@ -319,11 +323,21 @@ func (s *Shield) addFew(l List, entries []Entry, mode AddMode) error {
 		return cmp.Or(err, s.noteRemoved(gone))
 	}
 	for _, held := range []bool{false, true} {
-		for _, w := range writes {
+		for i := range writes {
+			w := &writes[i]
 			if w.held != held {
 				continue
 			}
-			if err := w.m.Update(w.k, w.v, ebpf.UpdateAny); err != nil {
+			flag := ebpf.UpdateAny
+			if !held {
+				flag = ebpf.UpdateNoExist
+			}
+			err := w.m.Update(w.k, w.v, flag)
+			if !held && errors.Is(err, ebpf.ErrKeyExist) {
+				w.held = true // written meanwhile: overwritten with the held keys
+				continue
+			}
+			if err != nil {
 				if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
 					err = userErrorf("the comment map holds at most %d comments (allowlist and denylist together); it has no room for this change", w.m.MaxEntries())
 					if w.prefix.IsValid() {
@@ -335,7 +349,7 @@ func (s *Shield) addFew(l List, entries []Entry, mode AddMode) error {
 				return takeBack(err)
 			}
 			if !held {
-				added = append(added, w)
+				added = append(added, *w)
 			}
 		}
 	}

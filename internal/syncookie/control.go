@@ -359,7 +359,8 @@ func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
 	// after the last flood, so the new entry carries it on, and a port
 	// that answered every SYN counts as flooded until now. Flood
 	// detection itself starts over.
-	if protected && (Mode(cur.Mode) == ModeAlways || cur.Flooding != 0) {
+	flooding := cur.Flooding != 0 && int64(bootNow()-cur.FloodUntilNs) <= 0 // the flag outlives the flood (Status)
+	if protected && (Mode(cur.Mode) == ModeAlways || flooding) {
 		v.LastFloodNs = bootNow()
 	} else if protected {
 		v.LastFloodNs = cur.LastFloodNs

@@ -522,3 +522,58 @@ func TestCookiesOutliveAModeChange(t *testing.T) {
 		t.Error("a port that issued no cookie accepted one")
 	}
 }
+
+// TestAutoCookiesEndAfterTheFlood: in auto mode the tc acceptor takes
+// moat cookies during a flood and for the cookie lifetime after it, and
+// then no more, also when no SYN came after the flood to clear its flag.
+func TestAutoCookiesEndAfterTheFlood(t *testing.T) {
+	s := newShieldedNoCensus(t, ModeAuto)
+	key := Key{K0: 0x1122334455667788, K1: 0x99aabbccddeeff00}
+	if err := InstallKey(s.objs.SynKeys, s.objs.SynRotation, 2, key); err != nil {
+		t.Fatal(err)
+	}
+	// One SYN per second is a flood: the second SYN in a window starts one.
+	if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, ModeAuto, 1); err != nil {
+		t.Fatal(err)
+	}
+	const hold, lifetime = 100 * time.Millisecond, 300 * time.Millisecond
+	if err := Configure(s.objs.SynSettings, Config{Hold: hold, CookieLifetime: lifetime}); err != nil {
+		t.Fatal(err)
+	}
+	_, accepted := echoServer(t, s.lab.Server)
+	send := rawSender(t, s.lab.Attacker)
+	ifc := s.lab.Attacker.Ifaces[0]
+	sport := uint16(32000)
+	handshake := func() bool {
+		sport++
+		const isn = 0x600dcafe
+		meta := Meta(1460, true, 7, true, true, false, 2, false)
+		tuple := Tuple{netip.AddrPortFrom(ifc.IPv4.Addr(), sport), netip.AddrPortFrom(ifc.PeerIPv4, labPort)}
+		send(testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC,
+			Net: testpkt.IPv4{Src: ifc.IPv4.Addr(), Dst: ifc.PeerIPv4},
+			L4:  testpkt.TCP{SrcPort: sport, DstPort: labPort, Seq: isn + 1, Ack: Cookie(key, tuple, isn, meta) + 1, ACK: true}}.Bytes())
+		select {
+		case <-accepted:
+			return true
+		case <-time.After(time.Second):
+			return false
+		}
+	}
+	for range 3 {
+		send(spoofed(s.lab, testpkt.TCP{SYN: true, Seq: 1}))
+	}
+	deadline := time.Now().Add(time.Second)
+	for !s.status(t).Flooding && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !s.status(t).Flooding {
+		t.Fatal("three SYNs at a threshold of 1/s started no flood")
+	}
+	if !handshake() {
+		t.Fatal("during the flood: a valid cookie was not accepted")
+	}
+	time.Sleep(hold + lifetime + 200*time.Millisecond)
+	if handshake() {
+		t.Error("a cookie was accepted past the hold and the cookie lifetime, no SYN since the flood")
+	}
+}
