@@ -90,13 +90,21 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			return
 		}
 		ch.Attached = nil
+		var failed []string
 		for _, name := range attached {
 			if derr := s.Detach(name); derr != nil {
-				// Not a refusal any more: something changed.
-				err = fmt.Errorf("%v; detaching %s again failed: %v", err, name, derr)
-				return
+				// Still attached: the change reports it, and the others
+				// are detached all the same.
+				d.log.Error("detaching again failed", "iface", name, "err", derr)
+				failed = append(failed, name)
+				ch.Attached = append(ch.Attached, name)
+				continue
 			}
 			d.log.Info("detached again: the config was not applied", "iface", name)
+		}
+		if len(failed) > 0 {
+			// Not a refusal any more: something changed.
+			err = fmt.Errorf("%v; detaching %s again failed (see the log)", err, strings.Join(failed, ", "))
 		}
 	}()
 	for _, i := range cfg.Interfaces {
