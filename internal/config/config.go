@@ -502,6 +502,9 @@ func (c *Config) check(e *errs) {
 			key(p.key, "%q must be an absolute path", p.val)
 		}
 	}
+	if filepath.Clean(d.Socket) == filepath.Clean(d.StateFile) {
+		key("daemon.socket", "%q is also daemon.state_file: each needs a path of its own", d.Socket)
+	}
 	if !strings.HasPrefix(filepath.Clean(d.BPFRoot)+"/", "/sys/fs/bpf/") || filepath.Clean(d.BPFRoot) == "/sys/fs/bpf" {
 		key("daemon.bpffs_root", "%q must be a directory under /sys/fs/bpf", d.BPFRoot)
 	}
@@ -622,6 +625,13 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(base, name)
 		}
+		// A FIFO or a device would hold the reload (and the daemon's
+		// loop, for a SIGHUP) until someone writes to it: opening a FIFO
+		// blocks already, so it is looked at first.
+		if fi, err := os.Stat(name); err == nil && !fi.Mode().IsRegular() {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %s is not a regular file", path, name)})
+			continue
+		}
 		f, err := os.Open(name)
 		if err != nil {
 			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %v", path, err)})
@@ -632,6 +642,21 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 		if err != nil {
 			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %v", path, err)})
 			continue
+		}
+		// The config's rules do not expire, and its policy is the policy
+		// section's: a file (an export of another host, say) that says
+		// otherwise is refused rather than applied in part.
+		timed := 0
+		for _, pe := range append(slices.Clone(frs.Allow), frs.Deny...) {
+			if pe.Expires != nil {
+				timed++
+			}
+		}
+		if timed > 0 {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %s holds %d entries with an expiry; config rules do not expire (block them with --ttl instead, or leave the expiries out)", path, name, timed)})
+		}
+		if frs.Settings != nil {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: %s holds policy settings; put them in the policy section", path, name)})
 		}
 		for _, pe := range frs.Allow {
 			rs.Allow = append(rs.Allow, rules.PrefixEntry{Prefix: pe.Prefix, Comment: pe.Comment})

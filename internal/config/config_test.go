@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -302,5 +303,39 @@ func TestSYNThreshold(t *testing.T) {
 	}
 	if p := cfg.SYN.Ports; p[0].Threshold != 100 || p[1].Threshold != syncookie.DefaultThreshold || p[2].Threshold != syncookie.DefaultThreshold {
 		t.Errorf("thresholds %d, %d, %d; want 100 and the default twice", p[0].Threshold, p[1].Threshold, p[2].Threshold)
+	}
+}
+
+// A rule file the config cannot take as it is, an export of another host
+// with expiries or policy settings, or something other than a regular
+// file, is refused at the line that names it.
+func TestListFilesTheConfigRefuses(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fifo := filepath.Join(dir, "fifo.netset")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, file, want string }{
+		{"expiries", write("timed.json", `{"deny": [{"prefix": "192.0.2.200/32", "expires": "2020-01-01T00:00:00Z"}, {"prefix": "192.0.2.201/32"}]}`), "holds 1 entries with an expiry; config rules do not expire"},
+		{"settings", write("policy.json", `{"deny": [{"prefix": "192.0.2.0/24"}], "settings": {"fragments": "drop", "malformed": "drop"}}`), "holds policy settings; put them in the policy section"},
+		{"fifo", fifo, "is not a regular file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := parseErrors(t, "lists:\n  - file: "+c.file+"\n")
+			if len(got) != 1 || !strings.HasPrefix(got[0], "line 2: ") || !strings.Contains(got[0], c.want) {
+				t.Fatalf("errors %q, want one at line 2 containing %q", got, c.want)
+			}
+		})
+	}
+	// The same file without them is taken.
+	if got := parseErrors(t, "lists:\n  - file: "+write("plain.json", `{"deny": [{"prefix": "192.0.2.0/24"}]}`)+"\n"); got != nil {
+		t.Fatalf("a plain JSON rule file: %q", got)
 	}
 }

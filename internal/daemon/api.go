@@ -184,7 +184,7 @@ func (d *Daemon) AddPrefixes(req PrefixRequest) (int, error) {
 	var expires *time.Time
 	entries := make([]shield.Entry, len(prefixes))
 	if req.TTL > 0 {
-		t := time.Now().Add(req.TTL).UTC().Truncate(time.Second)
+		t := time.Now().Add(req.TTL).UTC()
 		expires = &t
 	}
 	for i, p := range prefixes {
@@ -202,8 +202,14 @@ func (d *Daemon) AddPrefixes(req PrefixRequest) (int, error) {
 		}
 		dyn := d.dynamicList(l)
 		saved := slices.Clone(*dyn)
+		// An expired entry the filter ignored is replaced: one pass over
+		// the list, whatever the number of prefixes.
+		added := make(map[netip.Prefix]bool, len(prefixes))
 		for _, p := range prefixes {
-			*dyn = slices.DeleteFunc(*dyn, func(e rules.PrefixEntry) bool { return e.Prefix == p })
+			added[p] = true
+		}
+		*dyn = slices.DeleteFunc(*dyn, func(e rules.PrefixEntry) bool { return added[e.Prefix] })
+		for _, p := range prefixes {
 			*dyn = append(*dyn, rules.PrefixEntry{Prefix: p, Comment: req.Comment, Expires: expires})
 		}
 		if err := state.Save(d.cfg.Daemon.StateFile, d.st); err != nil {
@@ -230,6 +236,9 @@ func (d *Daemon) RemovePrefixes(req PrefixRequest) (int, error) {
 	prefixes, err := rules.ParsePrefixes(req.Prefixes)
 	if err != nil {
 		return 0, &shield.UserError{Err: err}
+	}
+	if len(prefixes) == 0 {
+		return 0, userErrorf("no prefixes given")
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -333,17 +342,51 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 				return userErrorf("no port rule %s", spec)
 			}
 		}
+		if !remove {
+			// Room for all of them first: nothing changes if one would
+			// not fit.
+			want := make([]rules.PortEntry, 0, len(existing)+len(specs))
+			for _, r := range existing {
+				want = append(want, rules.PortEntry{Spec: r.Spec, Action: r.Action})
+			}
+			for _, spec := range specs {
+				want = append(want, rules.PortEntry{Spec: spec, Action: action})
+			}
+			if err := s.CheckPortRules(want); err != nil {
+				return err
+			}
+		}
 		saved := slices.Clone(d.st.Ports)
-		for _, spec := range specs {
+		for i, spec := range specs {
 			if remove {
 				err = s.RemovePortRule(spec)
-				d.st.Ports = slices.DeleteFunc(d.st.Ports, func(p rules.PortEntry) bool { return p.Spec == spec })
 			} else {
 				err = s.AddPortRule(spec, action)
-				d.st.Ports = append(d.st.Ports, rules.PortEntry{Spec: spec, Action: action})
 			}
 			if err != nil {
+				// Take back the ones done: the state file never held them.
+				d.st.Ports = saved
+				for _, done := range specs[:i] {
+					var rerr error
+					if remove {
+						for _, p := range saved {
+							if p.Spec == done {
+								rerr = s.AddPortRule(done, p.Action)
+							}
+						}
+					} else {
+						rerr = s.RemovePortRule(done)
+					}
+					if rerr != nil {
+						d.log.Error("undo a port change that failed part way", "rule", done, "err", rerr)
+					}
+				}
 				return err
+			}
+			if remove {
+				d.st.Ports = slices.DeleteFunc(d.st.Ports, func(p rules.PortEntry) bool { return p.Spec == spec })
+			} else {
+				d.st.Ports = append(d.st.Ports, rules.PortEntry{Spec: spec, Action: action})
 			}
 		}
 		if err := state.Save(d.cfg.Daemon.StateFile, d.st); err != nil {

@@ -107,9 +107,18 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			err = fmt.Errorf("%v; detaching %s again failed (see the log)", err, strings.Join(failed, ", "))
 		}
 	}()
+	live, err := liveAttachments(s)
+	if err != nil {
+		return ch, refused(err)
+	}
 	for _, i := range cfg.Interfaces {
 		if _, had := oldIfaces[i.Name]; had {
-			continue
+			if live[i.Name] {
+				continue
+			}
+			// Deleted and made again, or detached behind the daemon's
+			// back: the config still names it, so the reload attaches it.
+			d.log.Warn("the interface had lost moat's filter; attaching it again", "iface", i.Name)
 		}
 		res, err := s.Attach(i.Name, i.AttachMode())
 		if err != nil {
@@ -175,6 +184,23 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 	n, err := d.applySYN(s, cfg)
 	ch.SYNPorts = n
 	return ch, err
+}
+
+// liveAttachments tells, by interface name, where moat's filter runs: a
+// pinned attachment whose link is on the interface that has the name now
+// (an interface deleted and made again has another index).
+func liveAttachments(s *shield.Shield) (map[string]bool, error) {
+	atts, err := s.Attachments()
+	if err != nil {
+		return nil, err
+	}
+	live := map[string]bool{}
+	for _, a := range atts {
+		if ifc, err := net.InterfaceByName(a.Iface); err == nil && a.Present && a.Ifindex == ifc.Index {
+			live[a.Iface] = true
+		}
+	}
+	return live, nil
 }
 
 // isPinned tells whether moat has pins for the interface name.

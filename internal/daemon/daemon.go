@@ -121,7 +121,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer func() {
 		ln.Close()
-		os.Remove(cfg.Daemon.Socket)
+		if fi, err := os.Lstat(cfg.Daemon.Socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			os.Remove(cfg.Daemon.Socket)
+		}
 	}()
 	metricsLn, err := listenMetrics(cfg)
 	if err != nil {
@@ -256,7 +258,14 @@ func listen(path string) (net.Listener, error) {
 		c.Close()
 		return nil, fmt.Errorf("another moat daemon is serving %s", path)
 	}
-	os.Remove(path)
+	// What is left of a daemon that stopped is a socket; anything else at
+	// the path is someone's file.
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("API socket: %s exists and is not a socket", path)
+		}
+		os.Remove(path)
+	}
 	// The umask covers the window between bind and chmod.
 	old := syscall.Umask(0o177)
 	ln, err := net.Listen("unix", path)

@@ -7,10 +7,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/moat-shield/moat/internal/shield"
 )
@@ -264,4 +267,109 @@ func TestReloadChecksTheRoot(t *testing.T) {
 		t.Errorf("the daemon reloaded for another root")
 	}
 	e.mustMoat("--root", e.root, "reload")
+}
+
+// TestPortRulesThatDoNotFitChangeNothing: port rules added through the
+// daemon that the port maps cannot all hold are refused, none is added
+// and the state file does not name them, so later changes, reloads and
+// restarts keep working.
+func TestPortRulesThatDoNotFitChangeNothing(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nports:\n  - rule: tcp/22\n    action: allow\n", e.attackerIf()))
+	e.start()
+	e.mustMoat("port", "drop", "udp/999")
+	before := e.rulesNow()
+	args := []string{"port", "drop"}
+	for p := 1000; p < 2022; p++ { // 1,022 more where 1,021 fit
+		args = append(args, fmt.Sprintf("udp/%d", p))
+	}
+	r := e.moat(args...)
+	if r.code != 2 || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "1023 rules is the limit") {
+		t.Fatalf("1,022 port rules where 1,021 fit: exit %d, stderr %q; want 2 and one line naming the limit", r.code, r.stderr)
+	}
+	if after := e.rulesNow(); !slices.Equal(after, before) {
+		t.Fatalf("a refused port change changed the rules: %d rules, were %d", len(after), len(before))
+	}
+	b, err := os.ReadFile(e.stateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "udp/2021") || strings.Contains(string(b), "udp/1000") {
+		t.Fatal("the state file names port rules that were refused")
+	}
+	e.mustMoat("port", "remove", "udp/999")
+	e.mustMoat("reload")
+}
+
+// TestReloadAttachesAnInterfaceThatLostItsFilter: an interface the config
+// names whose filter went away behind the daemon's back (detached by
+// another moat, or deleted and made again) is attached again at the next
+// reload, not left unprotected until a restart.
+func TestReloadAttachesAnInterfaceThatLostItsFilter(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	xdpOn := func() bool {
+		on := false
+		if err := e.lab.Server.Do(func() error {
+			l, err := netlink.LinkByName(e.attackerIf())
+			if err != nil {
+				return err
+			}
+			on = l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	if !xdpOn() {
+		t.Fatal("no XDP program on the interface after start")
+	}
+	if err := e.lab.Server.Do(func() error {
+		s, err := shield.Open(e.root)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		return s.Detach(e.attackerIf())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if xdpOn() {
+		t.Fatal("the interface kept its XDP program after the detach")
+	}
+	r := e.mustMoat("reload")
+	if !xdpOn() {
+		t.Fatalf("after the reload the interface has no XDP program; reload said:\n%s%s\nlog:\n%s", r.stdout, r.stderr, e.log)
+	}
+	if !strings.Contains(e.log.String(), "had lost moat's filter") {
+		t.Errorf("the daemon did not say it attached the interface again:\n%s", e.log)
+	}
+}
+
+// A daemon whose socket path holds a file that is not a socket refuses to
+// start and leaves the file alone; the config refuses a socket that is
+// also the state file.
+func TestSocketPathThatIsNotASocket(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	if err := os.WriteFile(e.sock, []byte("someone's file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := e.runToExit(e.cfg)
+	if code == 0 || !strings.Contains(out, "exists and is not a socket") {
+		t.Errorf("start with a file at the socket path: exit %d\n%s", code, out)
+	}
+	if b, err := os.ReadFile(e.sock); err != nil || string(b) != "someone's file\n" {
+		t.Errorf("the file at the socket path: %q, %v", b, err)
+	}
+	text := fmt.Sprintf("interfaces:\n  - name: %s\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n",
+		e.attackerIf(), e.root, e.stateFile, e.stateFile)
+	if err := os.WriteFile(e.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := e.runToExit(e.cfg); code != 2 || !strings.Contains(out, "is also daemon.state_file") {
+		t.Errorf("socket equal to the state file: exit %d\n%s", code, out)
+	}
 }

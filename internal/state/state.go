@@ -40,14 +40,19 @@ func Load(path string) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read state: %w", err)
 	}
+	// The format first: a newer one may hold fields this moat lacks, and
+	// that is what its refusal should say.
+	var head struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(data, &head); err == nil && head.Version > version {
+		return nil, fmt.Errorf("state %s has format %d; this moat reads up to %d", path, head.Version, version)
+	}
 	var st State
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&st); err != nil {
 		return nil, fmt.Errorf("read state %s: %w", path, err)
-	}
-	if st.Version > version {
-		return nil, fmt.Errorf("state %s has format %d; this moat reads up to %d", path, st.Version, version)
 	}
 	rs := rules.Ruleset{Allow: st.Allow, Deny: st.Deny, Ports: st.Ports}
 	if err := rs.Validate(); err != nil {

@@ -85,6 +85,13 @@ func TestLoadRefusesBadFiles(t *testing.T) {
 			t.Errorf("%s: error %v, want one naming the file", name, err)
 		}
 	}
+	// A newer format with fields of its own is refused for its format,
+	// not for a field this moat does not know.
+	p := filepath.Join(dir, "newer-fields")
+	os.WriteFile(p, []byte(`{"version": 2, "limits": []}`), 0o600)
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "has format 2; this moat reads up to 1") {
+		t.Errorf("newer format with a new field: %v", err)
+	}
 }
 
 func TestDropExpired(t *testing.T) {
