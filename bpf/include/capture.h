@@ -169,19 +169,20 @@ __noinline int capture_match(struct xdp_md *ctx, __u32 reason, struct capture_re
 	struct packet pkt = {};
 	struct capture_config *c;
 	__u32 zero = 0;
-	int ret;
 
 	c = bpf_map_lookup_elem(&capture_settings, &zero);
 	if (!c || !hdr)
 		return 0;
-	ret = capture_parse(ctx, &pkt);
+	capture_parse(ctx, &pkt);
 	if (c->flags & CAPTURE_F_ADDR) {
 		if (!pkt.addr_ok || pkt.family != c->family)
 			return 0;
 		if (!capture_addr_in(c, pkt.saddr) && !capture_addr_in(c, pkt.daddr))
 			return 0;
 	}
-	if ((c->flags & CAPTURE_F_PROTO) && (ret != PARSE_OK || pkt.l4proto != c->proto))
+	/* The protocol is known once the IP header is: a malformed TCP or UDP
+	 * packet is one a capture by protocol wants to see. */
+	if ((c->flags & CAPTURE_F_PROTO) && (!pkt.addr_ok || pkt.l4proto != c->proto))
 		return 0;
 	if (c->flags & CAPTURE_F_PORT) {
 		if (!pkt.has_l4 || (pkt.l4proto != IPPROTO_TCP && pkt.l4proto != IPPROTO_UDP))

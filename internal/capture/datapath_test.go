@@ -201,6 +201,10 @@ func testPackets() []testPacket {
 			ActionPass, datapath.MoatVerdictReasonREASON_PASS, "moat: pass pass"},
 		{"echo4", testpkt.IP(clean4, server4, testpkt.ICMPv4{Type: testpkt.ICMPv4EchoRequest, ID: 1, Seq: 1}),
 			ActionPass, datapath.MoatVerdictReasonREASON_PASS, "moat: pass pass"},
+		// A TCP header cut short: malformed, and TCP all the same to a
+		// capture by protocol.
+		{"short-tcp4", testpkt.IP(clean4, server4, testpkt.Payload{Proto: testpkt.ProtoTCP, Data: make([]byte, 6)}),
+			ActionDrop, datapath.MoatVerdictReasonREASON_MALFORMED, "moat: drop malformed"},
 		{"arp", testpkt.Frame{Net: testpkt.ARP{SenderIP: clean4, TargetIP: server4}}.Bytes(),
 			ActionPass, datapath.MoatVerdictReasonREASON_NON_IP, "moat: pass non_ip"},
 		// Capture does not walk IPv6 extension headers (capture_parse):
@@ -287,7 +291,7 @@ func TestCaptureFilters(t *testing.T) {
 		}
 		return m
 	}
-	all := names("denied-tcp4", "clean-tcp4", "port-drop-udp4", "clean-tcp6", "echo4", "arp", "hbh-tcp6")
+	all := names("denied-tcp4", "clean-tcp4", "port-drop-udp4", "clean-tcp6", "echo4", "short-tcp4", "arp", "hbh-tcp6")
 	const lo = 1 // the loopback device, always ifindex 1 in a namespace
 	cases := []struct {
 		name    string
@@ -296,18 +300,18 @@ func TestCaptureFilters(t *testing.T) {
 		want    map[string]bool
 	}{
 		{"all", Filter{}, 0, all},
-		{"verdict-drop", Filter{Verdicts: VerdictDrop}, 0, names("denied-tcp4", "port-drop-udp4")},
+		{"verdict-drop", Filter{Verdicts: VerdictDrop}, 0, names("denied-tcp4", "port-drop-udp4", "short-tcp4")},
 		{"verdict-pass", Filter{Verdicts: VerdictPass}, 0, names("clean-tcp4", "clean-tcp6", "echo4", "arp", "hbh-tcp6")},
-		{"host-src", Filter{Prefix: netip.PrefixFrom(clean4, 32)}, 0, names("clean-tcp4", "port-drop-udp4", "echo4")},
-		{"host-dst", Filter{Prefix: netip.PrefixFrom(server4, 32)}, 0, names("denied-tcp4", "clean-tcp4", "port-drop-udp4", "echo4")},
+		{"host-src", Filter{Prefix: netip.PrefixFrom(clean4, 32)}, 0, names("clean-tcp4", "port-drop-udp4", "echo4", "short-tcp4")},
+		{"host-dst", Filter{Prefix: netip.PrefixFrom(server4, 32)}, 0, names("denied-tcp4", "clean-tcp4", "port-drop-udp4", "echo4", "short-tcp4")},
 		{"net4", Filter{Prefix: denyNet}, 0, names("denied-tcp4")},
 		{"net6", Filter{Prefix: netip.MustParsePrefix("2001:db8::/32")}, 0, names("clean-tcp6", "hbh-tcp6")},
 		{"host6-dst", Filter{Prefix: netip.PrefixFrom(server6, 128)}, 0, names("clean-tcp6", "hbh-tcp6")},
-		{"proto-tcp", Filter{Proto: ProtoTCP}, 0, names("denied-tcp4", "clean-tcp4", "clean-tcp6")},
+		{"proto-tcp", Filter{Proto: ProtoTCP}, 0, names("denied-tcp4", "clean-tcp4", "clean-tcp6", "short-tcp4")},
 		{"net6-other", Filter{Prefix: netip.MustParsePrefix("2001:db8:1:1::/64")}, 0, names()},
 		{"proto-udp", Filter{Proto: ProtoUDP}, 0, names("port-drop-udp4")},
 		{"proto-icmp", Filter{Proto: ProtoICMP}, 0, names("echo4")},
-		{"proto-tcp-drop", Filter{Proto: ProtoTCP, Verdicts: VerdictDrop}, 0, names("denied-tcp4")},
+		{"proto-tcp-drop", Filter{Proto: ProtoTCP, Verdicts: VerdictDrop}, 0, names("denied-tcp4", "short-tcp4")},
 		{"port-dst", Filter{Port: dropPort, HasPort: true}, 0, names("port-drop-udp4")},
 		{"port-src", Filter{Port: 40002, HasPort: true}, 0, names("clean-tcp6")},
 		{"port-src-ext", Filter{Port: 40003, HasPort: true}, 0, names()},
@@ -503,5 +507,25 @@ func TestSession(t *testing.T) {
 	f.run(pkt, 3, 0)
 	if n := ringBytes(t, f); n != 0 {
 		t.Fatalf("closed: %d bytes in the ring", n)
+	}
+}
+
+// TestPortRuleNames: a dump names a port rule as `moat list` does, ICMP
+// types by name.
+func TestPortRuleNames(t *testing.T) {
+	f := newFixture(t, 0)
+	for id, d := range map[uint32]datapath.MoatPortRuleDef{
+		7: {Class: uint8(datapath.MoatPortClassPORT_CLASS_ICMP), Action: uint8(datapath.MoatRuleActionACTION_DROP), From: 8, To: 8},
+		8: {Class: uint8(datapath.MoatPortClassPORT_CLASS_TCP), Action: uint8(datapath.MoatRuleActionACTION_ALLOW), From: 6000, To: 6063},
+	} {
+		if err := f.objs.PortRuleDefs.Put(id, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := PortRuleNames(f.objs.PortRuleDefs)
+	for id, want := range map[uint16]string{7: "icmp/echo-request", 8: "tcp/6000-6063", 9: ""} {
+		if got := name(id); got != want {
+			t.Errorf("rule %d named %q, want %q", id, got, want)
+		}
 	}
 }

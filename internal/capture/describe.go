@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
 )
 
@@ -69,19 +70,8 @@ func PortRuleNames(defs *ebpf.Map) func(id uint16) string {
 		var d datapath.MoatPortRuleDef
 		n := ""
 		if defs != nil && defs.Lookup(uint32(id), &d) == nil && d.Action != uint8(datapath.MoatRuleActionACTION_NONE) {
-			class := map[uint8]string{
-				uint8(datapath.MoatPortClassPORT_CLASS_TCP):    "tcp",
-				uint8(datapath.MoatPortClassPORT_CLASS_UDP):    "udp",
-				uint8(datapath.MoatPortClassPORT_CLASS_ICMP):   "icmp",
-				uint8(datapath.MoatPortClassPORT_CLASS_ICMPV6): "icmpv6",
-			}[d.Class]
-			if class == "" {
-				class = fmt.Sprintf("class-%d", d.Class)
-			}
-			n = fmt.Sprintf("%s/%d", class, d.From)
-			if d.To != d.From {
-				n += fmt.Sprintf("-%d", d.To)
-			}
+			// As `moat list` and the metrics name it (icmp/echo-request).
+			n = rules.PortSpec{Class: rules.Class(d.Class), From: d.From, To: d.To}.String()
 		}
 		cache[id] = n
 		return n
