@@ -186,7 +186,7 @@ func (m Metrics) On() bool { return m.Enabled == nil || *m.Enabled }
 type Capture struct {
 	Enabled    *bool  `yaml:"enabled"`     // default true
 	MaxSnaplen uint32 `yaml:"max_snaplen"` // bytes copied per packet at most
-	MaxRate    uint32 `yaml:"max_rate"`    // packets per second copied at most, over all captures
+	MaxRate    uint32 `yaml:"max_rate"`    // packets per second a dump writes at most (the data path copies every match into the ring)
 }
 
 // On tells whether captures are allowed.
