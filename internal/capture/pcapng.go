@@ -36,7 +36,7 @@ type option struct {
 	value []byte
 }
 
-// PcapngWriter writes one section with an interface per ifindex seen.
+// PcapngWriter writes one section with an interface per capturing ifindex.
 type PcapngWriter struct {
 	w       *bufio.Writer
 	ifaces  map[int]uint32 // ifindex -> interface id in the file
@@ -48,16 +48,27 @@ type PcapngWriter struct {
 	last    time.Time
 }
 
-// NewPcapngWriter writes the section header. name gives an interface's
-// name for its description block; snaplen is recorded there too.
-func NewPcapngWriter(w io.Writer, snaplen uint32, name func(ifindex int) string) (*PcapngWriter, error) {
+// NewPcapngWriter writes the section header and a description block for
+// each of ifindexes, the interfaces captured on: readers such as tcpdump
+// refuse a file without one, so a capture that matched nothing is valid
+// too. name gives an interface's name for its block; snaplen is recorded
+// there too.
+func NewPcapngWriter(w io.Writer, snaplen uint32, ifindexes []int, name func(ifindex int) string) (*PcapngWriter, error) {
 	pw := &PcapngWriter{w: bufio.NewWriterSize(w, 1<<16), ifaces: map[int]uint32{}, snaplen: snaplen, name: name}
 	body := make([]byte, 16)
 	binary.LittleEndian.PutUint32(body[0:], byteOrderMagic)
 	binary.LittleEndian.PutUint16(body[4:], 1) // version 1.0
 	binary.LittleEndian.PutUint16(body[6:], 0)
 	binary.LittleEndian.PutUint64(body[8:], ^uint64(0)) // section length not given
-	return pw, pw.block(blockSHB, body, nil, []option{{optShbUser, []byte("moat dump")}})
+	if err := pw.block(blockSHB, body, nil, []option{{optShbUser, []byte("moat dump")}}); err != nil {
+		return nil, err
+	}
+	for _, i := range ifindexes {
+		if _, err := pw.iface(i); err != nil {
+			return nil, err
+		}
+	}
+	return pw, nil
 }
 
 // block writes a block: fixed body, then data padded to 32 bits, options.
@@ -93,7 +104,8 @@ func (pw *PcapngWriter) block(typ uint32, body, data []byte, opts []option) erro
 func pad4(n int) int { return (n + 3) &^ 3 }
 
 // iface returns the file's interface id for ifindex, writing its
-// description block the first time.
+// description block the first time: a packet from an interface not given
+// to NewPcapngWriter still gets one.
 func (pw *PcapngWriter) iface(ifindex int) (uint32, error) {
 	if id, ok := pw.ifaces[ifindex]; ok {
 		return id, nil
@@ -139,7 +151,8 @@ func (pw *PcapngWriter) WritePacket(p Packet, comment string) error {
 }
 
 // WriteStats writes a statistics block per interface that carries the
-// comment (moat's count of lost samples, which is not per interface).
+// comment (moat's count of lost samples, which is not per interface),
+// with or without packets.
 func (pw *PcapngWriter) WriteStats(comment string) error {
 	for _, ifindex := range pw.order {
 		now := uint64(time.Now().UnixNano())

@@ -2,6 +2,7 @@ package capture
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -21,7 +22,8 @@ import (
 func TestPcapngRoundTrip(t *testing.T) {
 	names := map[int]string{3: "eth-a", 7: "eth-b"}
 	var buf bytes.Buffer
-	w, err := NewPcapngWriter(&buf, 1500, func(i int) string { return names[i] })
+	// No interfaces up front: each gets its block with its first packet.
+	w, err := NewPcapngWriter(&buf, 1500, nil, func(i int) string { return names[i] })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +89,53 @@ func TestPcapngRoundTrip(t *testing.T) {
 		p := want[i]
 		if exp := fmt.Sprintf("%s|%d|%d|%s", names[p.Ifindex], p.Length, len(p.Data), comments[i]); l != exp {
 			t.Errorf("tshark packet %d: %q, want %q", i, l, exp)
+		}
+	}
+}
+
+// TestPcapngEmpty: a capture that matched nothing is still a file that
+// readers take, with an interface per target and the closing statistics.
+func TestPcapngEmpty(t *testing.T) {
+	names := map[int]string{3: "eth-a", 7: "eth-b"}
+	var buf bytes.Buffer
+	w, err := NewPcapngWriter(&buf, 1500, []int{3, 7}, func(i int) string { return names[i] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	const stats = "moat: 0 packets captured, 0 lost (ring buffer full)"
+	if err := w.WriteStats(stats); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadPcapng(bytes.NewReader(buf.Bytes()))
+	if err != nil || len(got) != 0 {
+		t.Fatalf("read %d packets: %v", len(got), err)
+	}
+	var types []uint32
+	for b := buf.Bytes(); len(b) >= 8; b = b[binary.LittleEndian.Uint32(b[4:]):] {
+		types = append(types, binary.LittleEndian.Uint32(b))
+	}
+	if want := []uint32{blockSHB, blockIDB, blockIDB, blockISB, blockISB}; fmt.Sprint(types) != fmt.Sprint(want) {
+		t.Errorf("blocks %x, want %x", types, want)
+	}
+	if !bytes.Contains(buf.Bytes(), []byte(stats)) {
+		t.Error("no statistics comment")
+	}
+
+	file := filepath.Join(t.TempDir(), "empty.pcapng")
+	if err := os.WriteFile(file, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range [][]string{{"tcpdump", "-nr", file}, {"tshark", "-r", file}} {
+		bin, err := exec.LookPath(r[0])
+		if err != nil {
+			t.Logf("%s not installed", r[0])
+			continue
+		}
+		if out, err := exec.Command(bin, r[1:]...).CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", r[0], err, out)
 		}
 	}
 }

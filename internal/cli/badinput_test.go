@@ -133,6 +133,7 @@ func TestBadInput(t *testing.T) {
 		{"limit bad scope", []string{"limit", "add", "source", "sctp/9", "--pps", "10"}, ""},
 		{"dump bad verdict", []string{"dump", "--verdict", "maybe", "-w", filepath.Join(dir, "x.pcapng")}, "verdict"},
 		{"dump bad snaplen", []string{"dump", "-s", "0", "-w", filepath.Join(dir, "x.pcapng")}, "snaplen"},
+		{"dump IPv4-mapped net shorter than /96", []string{"dump", "--net", "::ffff:0:0/90", "-w", filepath.Join(dir, "x.pcapng")}, "/96 or longer"},
 	}
 
 	root := newRoot(t)

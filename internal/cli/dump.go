@@ -54,6 +54,10 @@ func (d *dumpFlags) filter(cmd *cobra.Command) (capture.Filter, error) {
 			return f, usagef("--net %q: not a prefix such as 198.51.100.0/24", d.net)
 		}
 		if p.Addr().Is4In6() {
+			// Shorter, it would cover IPv6 addresses that are not mapped.
+			if p.Bits() < 96 {
+				return f, usagef("--net %q: an IPv4-mapped prefix must be /96 or longer", d.net)
+			}
 			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 		}
 		f.Prefix = p.Masked()
@@ -171,20 +175,22 @@ func runDump(cmd *cobra.Command, g *globals, d *dumpFlags) error {
 		s.Close()
 		return usagef("moat is not attached to any interface: nothing to capture")
 	}
+	// The file's interfaces, each declared up front.
+	ifindexes := []int{f.Ifindex}
+	if f.Ifindex == 0 {
+		ifindexes = nil
+		for _, a := range atts {
+			if a.Present {
+				ifindexes = append(ifindexes, a.Ifindex)
+			}
+		}
+	}
 	// The capture holds handles of its own: the state's lock is released
 	// before capturing, so other commands (and the daemon) keep working.
 	maps, err := capture.PinnedMaps(s)
 	s.Close()
 	if err != nil {
 		return err
-	}
-	if d.out != "-" {
-		if outFile, err = os.Create(d.out); err != nil {
-			maps.Close()
-			return &usageError{err}
-		}
-		defer outFile.Close()
-		out = outFile
 	}
 
 	// Signals end the capture cleanly. SIGPIPE too: a reader that goes
@@ -203,12 +209,21 @@ func runDump(cmd *cobra.Command, g *globals, d *dumpFlags) error {
 		return err
 	}
 	defer sess.Close()
+	// Only once the session is ours: a refused dump must not truncate the
+	// file, which may be the running dump's.
+	if d.out != "-" {
+		if outFile, err = os.Create(d.out); err != nil {
+			return &usageError{err}
+		}
+		defer outFile.Close()
+		out = outFile
+	}
 
 	snap := f.Snaplen
 	if snap == 0 {
 		snap = capture.MaxSnaplen
 	}
-	w, err := capture.NewPcapngWriter(out, snap, ifaceName)
+	w, err := capture.NewPcapngWriter(out, snap, ifindexes, ifaceName)
 	if err != nil {
 		return err
 	}

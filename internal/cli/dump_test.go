@@ -234,3 +234,61 @@ func TestDumpFlood(t *testing.T) {
 		t.Fatal("capture still on after a killed dump's lease ran out")
 	}
 }
+
+// TestDumpRefusedKeepsFile: a dump refused while another captures leaves
+// its -w file alone, even when that is the running dump's. The running
+// dump, which matches nothing, then writes a file that readers take.
+func TestDumpRefusedKeepsFile(t *testing.T) {
+	t.Parallel()
+	sl := newShieldLab(t)
+	_, toAttacker := sl.ifaces()
+	sl.mustMoat("attach", toAttacker)
+	dir := t.TempDir()
+	first, other := filepath.Join(dir, "first.pcapng"), filepath.Join(dir, "other.pcapng")
+	if err := os.WriteFile(other, []byte("not a capture\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	d := sl.startDump(ctx, "-i", toAttacker, "-w", first, "--host", "192.0.2.123")
+	// The headers reach the file at the first flush.
+	var head []byte
+	for deadline := time.Now().Add(5 * time.Second); len(head) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		head, _ = os.ReadFile(first)
+	}
+	if len(head) == 0 {
+		t.Fatal("the running dump wrote nothing")
+	}
+	for _, file := range []string{other, first} {
+		before, _ := os.ReadFile(file)
+		if r := sl.moat("dump", "-i", toAttacker, "-w", file); r.code != 2 || !strings.Contains(r.stderr, "another moat dump") {
+			t.Fatalf("second dump to %s: %v", filepath.Base(file), r)
+		}
+		if after, _ := os.ReadFile(file); !bytes.Equal(after, before) {
+			t.Errorf("a refused dump changed %s: %d bytes, were %d", filepath.Base(file), len(after), len(before))
+		}
+	}
+
+	d.cmd.Process.Signal(os.Interrupt)
+	if err := <-d.done; err != nil {
+		t.Fatalf("moat dump: %v\n%s", err, d.stderr)
+	}
+	if !strings.Contains(d.stderr.String(), " 0 packets captured") {
+		t.Errorf("dump's report:\n%s", d.stderr)
+	}
+	raw, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pkts, err := capture.ReadPcapng(bytes.NewReader(raw)); err != nil || len(pkts) != 0 {
+		t.Fatalf("read pcapng: %d packets, %v", len(pkts), err)
+	}
+	if !bytes.Contains(raw, []byte("moat: 0 packets captured, 0 lost")) {
+		t.Error("no statistics block")
+	}
+	if tcpdump, err := exec.LookPath("tcpdump"); err == nil {
+		if out, err := exec.Command(tcpdump, "-nr", first).CombinedOutput(); err != nil {
+			t.Errorf("tcpdump: %v\n%s", err, out)
+		}
+	}
+}

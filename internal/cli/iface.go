@@ -193,7 +193,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := os.Stat(g.root); err != nil {
 				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), Status{Root: g.root, Interfaces: []shield.Attachment{}})
+					// The policies a new state starts with.
+					set := rules.Settings{Fragments: "pass", Malformed: "drop"}
+					return writeJSON(cmd.OutOrStdout(), Status{Root: g.root, Interfaces: []shield.Attachment{}, Settings: set})
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "moat is not set up (nothing pinned under %s)\n", g.root)
 				return nil

@@ -63,7 +63,7 @@ func newMetricsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", metrics.DefaultListen, "address to serve on")
-	cmd.Flags().IntVar(&top, "top", metrics.DefaultTopEntries, "allow/deny entries with the most hits to export one series each (0: none)")
+	cmd.Flags().IntVar(&top, "top", metrics.DefaultTopEntries, "allow/deny entries with the most hits, and heavy-hitter sources, to export one series each (0: none)")
 	cmd.Flags().BoolVar(&once, "once", false, "print one scrape and exit")
 	return cmd
 }

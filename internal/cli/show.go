@@ -153,15 +153,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 				now := time.Now()
 				dt := now.Sub(last).Seconds()
 				for i := range cur {
-					p, c := prev[i], cur[i]
-					cur[i].Rates = &Rates{
-						PassedPPS:    float64(c.Passed.Packets-p.Passed.Packets) / dt,
-						DroppedPPS:   float64(c.Dropped.Packets-p.Dropped.Packets) / dt,
-						PassedMbps:   float64(c.Passed.Bytes-p.Passed.Bytes) * 8 / dt / 1e6,
-						DroppedMbps:  float64(c.Dropped.Bytes-p.Dropped.Bytes) * 8 / dt / 1e6,
-						AnsweredPPS:  float64(c.Answered.Packets-p.Answered.Packets) / dt,
-						AnsweredMbps: float64(c.Answered.Bytes-p.Answered.Bytes) * 8 / dt / 1e6,
-					}
+					cur[i].Rates = watchRates(prev[i].Counters, cur[i].Counters, dt)
 				}
 				if asJSON {
 					// One object per interface and interval, a line each.
@@ -183,6 +175,30 @@ func newStatsCmd(g *globals) *cobra.Command {
 	acceptIfaceFlag(cmd)
 	cmd.Flags().BoolVar(&detail, "detail", false, "show the attack shape (sizes, TCP flags and options, ports) and the rate limits instead")
 	return cmd
+}
+
+// watchRates are the rates between two reads dt seconds apart.
+func watchRates(p, c shield.Counters, dt float64) *Rates {
+	pps := func(p, c shield.Count) float64 { return float64(since(p.Packets, c.Packets)) / dt }
+	mbps := func(p, c shield.Count) float64 { return float64(since(p.Bytes, c.Bytes)) * 8 / dt / 1e6 }
+	return &Rates{
+		PassedPPS:    pps(p.Passed, c.Passed),
+		DroppedPPS:   pps(p.Dropped, c.Dropped),
+		PassedMbps:   mbps(p.Passed, c.Passed),
+		DroppedMbps:  mbps(p.Dropped, c.Dropped),
+		AnsweredPPS:  pps(p.Answered, c.Answered),
+		AnsweredMbps: mbps(p.Answered, c.Answered),
+	}
+}
+
+// since is what a counter added from prev to cur. A counter lower than
+// before was reset (a re-attach recreates the counters at zero): it
+// counted cur since.
+func since(prev, cur uint64) uint64 {
+	if cur < prev {
+		return cur
+	}
+	return cur - prev
 }
 
 func printStats(w io.Writer, reports []StatsReport, asJSON bool) error {

@@ -49,7 +49,10 @@ type topSample struct {
 
 type denyState struct {
 	live, auto bool
-	hits       uint64
+	// own: the entry is the source's own (its host, or the row's prefix),
+	// not a shorter prefix that covers it and others.
+	own  bool
+	hits uint64
 }
 
 const historyLen = 30
@@ -65,7 +68,8 @@ func newTopCmd(g *globals) *cobra.Command {
 		Use:   "top [--interval 1s] [-n 10] [--by packets|bytes] [--count N] [--json]",
 		Short: "Live view of the heaviest sources: rates, verdicts and a sparkline each",
 		Long: "Sources are sampled in the data path after the allow and deny lists (see moat limit config " +
-			"--sample); a source blocked since it was sampled is shown with the rate its denylist entry counts. " +
+			"--sample); a source blocked since it was sampled is shown with the rate its own denylist entry counts " +
+			"(the address, or the /64 of an IPv6 row), or only as blocked when a shorter prefix covers it. " +
 			"IPv6 sources are shown per /64.",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -166,7 +170,7 @@ func bootNanos() uint64 {
 }
 
 // denyOf finds the denylist entry that covers a source: its host entry or
-// the longest prefix in the trie.
+// the longest prefix in the trie, which may be the source's own.
 func denyOf(s *shield.Shield, p netip.Prefix, now uint64) (denyState, bool) {
 	var v datapath.MoatPrefixRule
 	found := false
@@ -183,7 +187,7 @@ func denyOf(s *shield.Shield, p netip.Prefix, now uint64) (denyState, bool) {
 	if !found {
 		return denyState{}, false
 	}
-	return denyState{live: v.ExpiresNs == 0 || v.ExpiresNs > now, auto: v.Flags&2 != 0, hits: v.Hits}, true
+	return denyState{live: v.ExpiresNs == 0 || v.ExpiresNs > now, auto: v.Flags&2 != 0, own: int(v.Prefixlen) == p.Bits(), hits: v.Hits}, true
 }
 
 func topReport(prev, cur topSample, hist map[netip.Prefix][]float64, by string, n int) TopReport {
@@ -192,7 +196,7 @@ func topReport(prev, cur topSample, hist map[netip.Prefix][]float64, by string, 
 	var rows []TopRow
 	for src, h := range cur.hh {
 		p := prev.hh[src] // zero for a source new in this interval
-		if h.Packets < p.Packets {
+		if h.Packets < p.Packets || h.Bytes < p.Bytes || h.Dropped < p.Dropped {
 			p = ratelimit.HeavyHitter{} // evicted and back: counts restarted
 		}
 		r := TopRow{
@@ -207,8 +211,10 @@ func topReport(prev, cur topSample, hist map[netip.Prefix][]float64, by string, 
 		}
 		if d, ok := cur.deny[src]; ok && d.live {
 			// Blocked packets never reach the sampler: their rate is what
-			// the denylist entry counted (exactly, not sampled).
-			if pd, ok := prev.deny[src]; ok && d.hits >= pd.hits {
+			// the denylist entry counted (exactly, not sampled). Only the
+			// source's own entry: a covering prefix counts every source
+			// it covers, and would add their sum to each.
+			if pd, ok := prev.deny[src]; ok && d.own && pd.own && d.hits >= pd.hits {
 				blocked := float64(d.hits-pd.hits) / dt
 				r.PPS += blocked
 				r.DroppedPPS += blocked

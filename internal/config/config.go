@@ -174,8 +174,9 @@ func (s SYN) CookiePort() (SYNPort, bool) {
 type Metrics struct {
 	Enabled *bool  `yaml:"enabled"` // default true
 	Address string `yaml:"address"` // default loopback only
-	// TopEntries is how many allow/deny entries with the most hits get a
-	// series of their own (0: the exporter's default, negative: none).
+	// TopEntries is how many allow/deny entries with the most hits, and
+	// heavy-hitter sources, get a series of their own (0: the exporter's
+	// default, negative: none).
 	TopEntries int `yaml:"top_entries"`
 }
 

@@ -21,8 +21,8 @@ import (
 	"github.com/moat-shield/moat/internal/syncookie"
 )
 
-// DefaultTopEntries is how many allow/deny entries with the most hits are
-// exported when Config.TopEntries is 0.
+// DefaultTopEntries is how many allow/deny entries with the most hits, and
+// heavy-hitter sources, are exported when Config.TopEntries is 0.
 const DefaultTopEntries = 10
 
 // DefaultScanShare bounds the list scans to 5% of one CPU.
@@ -34,7 +34,8 @@ type Config struct {
 	// (shield.DefaultRoot when empty).
 	Root string
 	// TopEntries is how many allow/deny entries, those with the most hits,
-	// get a series of their own; 0 means DefaultTopEntries, negative none.
+	// and how many heavy-hitter sources get a series of their own; 0 means
+	// DefaultTopEntries, negative none.
 	// Every entry would be a series per rule: a million-entry denylist
 	// would make a million series, which no Prometheus should ingest.
 	// Whole lists are already counted by moat_packets_total{reason=
@@ -71,13 +72,15 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 
 var (
 	packetsDesc = desc("moat_packets_total",
-		"Packets moat's XDP filter decided on an interface, by verdict (pass, drop) and reason "+
-			"(pass: no rule matched; non_ip, allowlist, denylist, port_drop, port_allow, fragment, malformed, "+
-			"ratelimit: a source over its limit, budget: over a flood budget). "+
-			"SYN cookie answers and dropped ACKs are counted by the moat_syncookie_* metrics instead.",
+		"Packets moat's XDP filter decided on an interface, by verdict and reason. pass: pass (no rule matched), "+
+			"non_ip, allowlist, port_allow; drop: denylist, port_drop, ratelimit (a source over its limit), "+
+			"budget (over a flood budget), syn_defence (ACKs with no socket and no valid cookie, SYNs unfit "+
+			"for a cookie); pass or drop by policy: fragment, malformed; tx: syn_cookie (SYNs answered with a "+
+			"SYN-ACK cookie, counted as the SYN-ACKs sent). Per port: moat_syncookie_*.",
 		"interface", "verdict", "reason")
 	bytesDesc = desc("moat_bytes_total",
-		"Bytes of the packets in moat_packets_total: whole frames as XDP sees them, from the Ethernet header, without FCS.",
+		"Bytes of the packets in moat_packets_total: whole frames as XDP sees them, from the Ethernet header, "+
+			"without FCS; for verdict tx, the SYN-ACKs sent.",
 		"interface", "verdict", "reason")
 	attachedDesc = desc("moat_interface_attached",
 		"1 if moat's XDP program is attached to the interface in this mode (native, generic); "+
@@ -200,7 +203,7 @@ func NewCollector(cfg Config) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	ratelimit.NewCollector(ratelimit.Maps{}, 0).Describe(ch)
+	ratelimit.NewCollector(ratelimit.Maps{}, 0, 0).Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		packetsDesc, bytesDesc, attachedDesc, progRunTimeDesc, progRunsDesc, bpfStatsDesc,
 		portRuleHitsDesc, entryHitsDesc, mapEntriesDesc, mapMaxEntriesDesc, mapMemoryDesc,
@@ -276,6 +279,16 @@ func reasonNames() []string {
 	return out
 }
 
+// reasonVerdicts are the verdicts the data path gives for each reason
+// (verdict() in bpf/moat.bpf.c); the other pairs stay 0 and are left out,
+// unless one ever counts.
+var reasonVerdicts = map[string][]string{
+	"pass": {"pass"}, "non_ip": {"pass"}, "allowlist": {"pass"}, "port_allow": {"pass"},
+	"denylist": {"drop"}, "port_drop": {"drop"}, "ratelimit": {"drop"}, "budget": {"drop"}, "syn_defence": {"drop"},
+	"fragment": {"pass", "drop"}, "malformed": {"pass", "drop"},
+	"syn_cookie": {"tx"},
+}
+
 // programs are the programs pinned per interface and their metric labels.
 var programs = []struct{ pin, label string }{
 	{"prog", "xdp_filter"},
@@ -311,6 +324,10 @@ func (c *Collector) collectInterfaces(p *pinned, ch chan<- prometheus.Metric) er
 				verdict string
 				count   shield.Count
 			}{{"pass", rc.Passed}, {"drop", rc.Dropped}, {"tx", rc.Answered}} {
+				vs, known := reasonVerdicts[reason]
+				if known && !slices.Contains(vs, v.verdict) && v.count == (shield.Count{}) {
+					continue
+				}
 				ch <- counter(packetsDesc, float64(v.count.Packets), ifc.name, v.verdict, reason)
 				ch <- counter(bytesDesc, float64(v.count.Bytes), ifc.name, v.verdict, reason)
 			}
@@ -508,8 +525,9 @@ func (c *Collector) collectRateLimits(p *pinned, ch chan<- prometheus.Metric) er
 	}
 	ch <- gauge(mapEntriesDesc, float64(len(limits)), datapath.MoatMapRlRules)
 	ch <- gauge(mapMaxEntriesDesc, float64(ratelimit.MaxRules), datapath.MoatMapRlRules)
-	// Heavy hitters and the attack shape.
-	ratelimit.NewCollector(m, max(c.cfg.TopEntries, DefaultTopEntries)).Collect(ch)
+	// Heavy hitters, whose labels are addresses, as many as list entries;
+	// the attack shape's ports are not addresses, and are not turned off.
+	ratelimit.NewCollector(m, c.cfg.TopEntries, max(c.cfg.TopEntries, DefaultTopEntries)).Collect(ch)
 	// The per-source tables are LRU maps: full is their normal state
 	// under a flood, and how often they are full says whether they are
 	// big enough.

@@ -363,6 +363,7 @@ func TestScrape(t *testing.T) {
 	s, iface, fs, statsOn := setUp(t)
 	t.Run("values", func(t *testing.T) { testValues(t, s, iface, fs, statsOn) })
 	t.Run("top entries", func(t *testing.T) { testTopEntries(t, s) })
+	t.Run("top sources", func(t *testing.T) { testTopSources(t, s) })
 	t.Run("lint", func(t *testing.T) { testLint(t, s) })
 }
 
@@ -441,6 +442,17 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 	}
 	got.eq(t, "moat_map_entries", gaugeT, 1, "map", datapath.MoatMapRlRules)
 
+	// The pairs the data path can count (verdict() in bpf/moat.bpf.c).
+	possible := map[key]bool{}
+	for _, k := range []key{
+		{"pass", "pass"}, {"pass", "non_ip"}, {"pass", "allowlist"}, {"pass", "port_allow"},
+		{"drop", "denylist"}, {"drop", "port_drop"}, {"drop", "ratelimit"}, {"drop", "budget"}, {"drop", "syn_defence"},
+		{"pass", "fragment"}, {"drop", "fragment"}, {"pass", "malformed"}, {"drop", "malformed"},
+		{"tx", "syn_cookie"},
+	} {
+		possible[k] = true
+	}
+
 	// And what the data path says it counted.
 	counters, err := s.Counters(iface)
 	if err != nil {
@@ -456,9 +468,33 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 				t.Errorf("data path counted %s/%s %+v, the test sent %+v", v.verdict, reason, v.count, want[key{v.verdict, reason}])
 			}
 			labels := []string{"interface", iface, "verdict", v.verdict, "reason", reason}
+			if !possible[key{v.verdict, reason}] {
+				// Never counted: not exported.
+				for _, name := range []string{"moat_packets_total", "moat_bytes_total"} {
+					if n := len(got.all(name, map[string]string{"interface": iface, "verdict": v.verdict, "reason": reason})); n != 0 {
+						t.Errorf("%s%v exported, a pair the data path never counts", name, labels)
+					}
+				}
+				continue
+			}
 			got.eq(t, "moat_packets_total", counterT, float64(v.count.Packets), labels...)
 			got.eq(t, "moat_bytes_total", counterT, float64(v.count.Bytes), labels...)
 		}
+	}
+	// HELP names every reason and verdict the series hold.
+	for _, name := range []string{"moat_packets_total", "moat_bytes_total"} {
+		if n := len(got.all(name, map[string]string{"interface": iface})); n != len(possible) {
+			t.Errorf("%s: %d series, want %d", name, n, len(possible))
+		}
+	}
+	help := got["moat_packets_total"].GetHelp()
+	for k := range possible {
+		if !strings.Contains(help, k.verdict+":") || !strings.Contains(help, k.reason) {
+			t.Errorf("moat_packets_total HELP does not say verdict %s or reason %s: %q", k.verdict, k.reason, help)
+		}
+	}
+	if !strings.Contains(got["moat_bytes_total"].GetHelp(), "verdict tx") {
+		t.Errorf("moat_bytes_total HELP does not say what tx bytes are: %q", got["moat_bytes_total"].GetHelp())
 	}
 	got.eq(t, "moat_interface_attached", gaugeT, 1, "interface", iface, "mode", "native")
 	got.eq(t, "moat_state_present", gaugeT, 1)
@@ -582,6 +618,43 @@ func testTopEntries(t *testing.T, s *shield.Shield) {
 	defer srv2.Close()
 	if n := len(series(scrape(t, srv2.URL)).all("moat_list_entry_hits_total", nil)); n != 0 {
 		t.Errorf("TopEntries -1 exported %d entries", n)
+	}
+}
+
+// testTopSources: heavy hitters, whose labels are addresses too, follow
+// TopEntries; none at all when it is negative.
+func testTopSources(t *testing.T, s *shield.Shield) {
+	rl, err := ratelimit.NewMaps(s.Map)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []datapath.MoatRlSrcKey
+	for i := range 12 {
+		k := datapath.MoatRlSrcKey{Family: 4, Prefixlen: 32}
+		copy(k.Addr[:], []byte{198, 51, 100, byte(i + 1)})
+		if err := rl.HHSources.Put(k, datapath.MoatHhCounts{Packets: uint64(100 + i), Bytes: 6400}); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	t.Cleanup(func() {
+		for _, k := range keys {
+			rl.HHSources.Delete(k)
+		}
+	})
+	for _, c := range []struct{ top, want int }{{0, metrics.DefaultTopEntries}, {3, 3}, {-1, 0}} {
+		srv := httptest.NewServer(metrics.Handler(metrics.Config{Root: s.Root(), TopEntries: c.top}))
+		got := series(scrape(t, srv.URL))
+		srv.Close()
+		for _, name := range []string{"moat_heavy_hitter_packets", "moat_heavy_hitter_bytes", "moat_heavy_hitter_dropped_packets"} {
+			if n := len(got.all(name, nil)); n != c.want {
+				t.Errorf("TopEntries %d: %d series of %s, want %d", c.top, n, name, c.want)
+			}
+		}
+		// The attack shape names no address: it stays.
+		if n := len(got.all("moat_attack_shape_packets_total", map[string]string{"dimension": "size"})); n == 0 {
+			t.Errorf("TopEntries %d: no attack shape", c.top)
+		}
 	}
 }
 

@@ -547,7 +547,7 @@ func TestLimits(t *testing.T) {
 
 		// The same through the metrics.
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(ratelimit.NewCollector(f.rl, 5))
+		reg.MustRegister(ratelimit.NewCollector(f.rl, 5, 5))
 		mfs, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)

@@ -9,18 +9,19 @@ import (
 // counters are exported by internal/metrics with everything else; its
 // collector calls this one.
 type Collector struct {
-	m    Maps
-	topN int
+	m              Maps
+	topN, topPorts int
 
 	hhPackets, hhBytes, hhDropped *prometheus.Desc
 	shape                         *prometheus.Desc
 }
 
 // NewCollector exports m with the topN heaviest sources (their labels are
-// addresses, so keep topN small).
-func NewCollector(m Maps, topN int) *Collector {
+// addresses, so keep topN small; 0 or less: none) and the topPorts ports
+// of the attack shape with the most packets.
+func NewCollector(m Maps, topN, topPorts int) *Collector {
 	return &Collector{
-		m: m, topN: topN,
+		m: m, topN: topN, topPorts: max(topPorts, 0),
 		hhPackets: prometheus.NewDesc("moat_heavy_hitter_packets", "Estimated packets of a heavy source since it was first sampled.", []string{"source"}, nil),
 		hhBytes:   prometheus.NewDesc("moat_heavy_hitter_bytes", "Estimated bytes of a heavy source since it was first sampled.", []string{"source"}, nil),
 		hhDropped: prometheus.NewDesc("moat_heavy_hitter_dropped_packets", "Estimated packets of a heavy source that a limit or budget dropped.", []string{"source"}, nil),
@@ -54,7 +55,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	} else {
 		ch <- prometheus.NewInvalidMetric(c.hhPackets, err)
 	}
-	if sh, err := c.m.Shape(c.topN); err == nil {
+	if sh, err := c.m.Shape(c.topPorts); err == nil {
 		for _, x := range []struct {
 			dim string
 			cs  []Count

@@ -169,7 +169,8 @@ func (m Maps) Shape(topPorts int) (Shape, error) {
 		sum.TcpNoOptions += v.TcpNoOptions
 		sum.Fragments += v.Fragments
 	}
-	var s Shape
+	// Empty lists, not null: JSON readers see one shape either way.
+	s := Shape{TCPFlags: []Count{}, SYNOptions: []Count{}, Ports: []Count{}}
 	for i, n := range sum.Sizes {
 		s.Sizes = append(s.Sizes, Count{sizeNames[i], n})
 	}

@@ -570,7 +570,7 @@ type PortStatus struct {
 
 // Status reads the protected ports and sums their per-CPU counters.
 func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
-	var out []PortStatus
+	out := []PortStatus{} // JSON [] with no protected port
 	bootOffset := bootEpoch()
 	now := bootNow()
 	protected, err := ProtectedPorts(ports)
