@@ -290,7 +290,8 @@ func (e *env) limits() []ratelimit.Status {
 	return l
 }
 
-func (e *env) attachment() shield.Attachment {
+// attachments lists moat's attachments under the env's root.
+func (e *env) attachments() []shield.Attachment {
 	e.t.Helper()
 	s, err := shield.Open(e.root)
 	if err != nil {
@@ -301,6 +302,12 @@ func (e *env) attachment() shield.Attachment {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	return atts
+}
+
+func (e *env) attachment() shield.Attachment {
+	e.t.Helper()
+	atts := e.attachments()
 	for _, a := range atts {
 		if a.Iface == e.attackerIf() {
 			return a

@@ -21,17 +21,8 @@ import (
 // attached lists the interfaces moat is attached to under the env's root.
 func (e *env) attached() []string {
 	e.t.Helper()
-	s, err := shield.Open(e.root)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer s.Close()
-	atts, err := s.Attachments()
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	var out []string
-	for _, a := range atts {
+	for _, a := range e.attachments() {
 		out = append(out, a.Iface)
 	}
 	sort.Strings(out)

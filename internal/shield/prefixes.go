@@ -243,6 +243,20 @@ func (s *Shield) add(l List, entries []Entry, mode AddMode) error {
 	return s.commit(c)
 }
 
+// stored is what the maps hold for e: its rule, and its comment if it has
+// one (the rule's flag then says so).
+func stored(e Entry, now uint64) (datapath.MoatPrefixRule, datapath.MoatComment) {
+	v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
+	var t datapath.MoatComment
+	if e.Comment != "" {
+		v.Flags = 1 // RULE_F_COMMENT
+		for i := 0; i < len(e.Comment); i++ {
+			t.Text[i] = int8(e.Comment[i])
+		}
+	}
+	return v, t
+}
+
 // fewEntries is the largest change addFew makes. Counting what a map holds
 // means reading it whole, which for a million entries takes a few hundred
 // milliseconds: too much for `moat block` of one address. A change of up
@@ -272,13 +286,8 @@ func (s *Shield) addFew(l List, entries []Entry, mode AddMode) error {
 	var writes []write // in order: each entry's comment, then the entry
 	now := bootNow()
 	for _, e := range entries {
-		v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
+		v, t := stored(e, now)
 		if e.Comment != "" {
-			v.Flags = 1 // RULE_F_COMMENT
-			var t datapath.MoatComment
-			for i := 0; i < len(e.Comment); i++ {
-				t.Text[i] = int8(e.Comment[i])
-			}
 			ck := commentKey(l, e.Prefix)
 			var old datapath.MoatComment
 			held, err := present(comments.Lookup(ck, &old))
@@ -391,13 +400,8 @@ func (s *Shield) prepareAdd(l List, entries []Entry, mode AddMode) (*listChange,
 	c.b.reserve(entries)
 	now := bootNow()
 	for _, e := range entries {
-		v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
+		v, t := stored(e, now)
 		if e.Comment != "" {
-			v.Flags = 1 // RULE_F_COMMENT
-			var t datapath.MoatComment
-			for i := 0; i < len(e.Comment); i++ {
-				t.Text[i] = int8(e.Comment[i])
-			}
 			c.cb.add(commentKey(l, e.Prefix), t)
 		}
 		c.b.add(e.Prefix, v)

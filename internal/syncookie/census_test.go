@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -440,33 +439,11 @@ func TestCensusMarksOutgoingConnection(t *testing.T) {
 }
 
 // timeWaitOn says whether a TIME_WAIT socket of local port port appears in
-// the server's namespace within a second (tcp and tcp6, the dual-stack
-// listener's sockets among them, state 06). /proc/thread-self: /proc/net
-// shows the namespace of the process's first thread, which an earlier test
-// may have left in a scratch one.
+// the server's namespace within a second.
 func (s *shielded) timeWaitOn(t *testing.T, port uint16) bool {
 	t.Helper()
-	want := fmt.Sprintf(":%04X ", port)
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		var found bool
-		if err := s.lab.Server.Do(func() error {
-			for _, table := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
-				b, err := os.ReadFile(table)
-				if err != nil {
-					return err
-				}
-				for _, line := range strings.Split(string(b), "\n")[1:] {
-					f := strings.Fields(line)
-					if len(f) > 3 && strings.HasSuffix(f[1]+" ", want) && f[3] == "06" {
-						found = true
-					}
-				}
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if found {
+		if socketsIn(t, s.lab.Server, port, tcpTimeWait) > 0 {
 			return true
 		}
 	}

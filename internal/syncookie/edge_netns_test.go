@@ -475,30 +475,7 @@ func TestCookiesOutliveAModeChange(t *testing.T) {
 	if err := InstallKey(s.objs.SynKeys, s.objs.SynRotation, 2, key); err != nil {
 		t.Fatal(err)
 	}
-	_, accepted := echoServer(t, s.lab.Server)
-	send := rawSender(t, s.lab.Attacker)
-	ifc := s.lab.Attacker.Ifaces[0]
-	sport := uint16(31000)
-	// handshake sends the third ACK of a handshake moat answered with a
-	// cookie under key, and says whether the server accepted it.
-	handshake := func() bool {
-		sport++
-		const isn = 0x0badcafe
-		meta := Meta(1460, true, 7, true, true, false, 2, false)
-		tuple := Tuple{netip.AddrPortFrom(ifc.IPv4.Addr(), sport), netip.AddrPortFrom(ifc.PeerIPv4, labPort)}
-		send(testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC,
-			Net: testpkt.IPv4{Src: ifc.IPv4.Addr(), Dst: ifc.PeerIPv4},
-			L4:  testpkt.TCP{SrcPort: sport, DstPort: labPort, Seq: isn + 1, Ack: Cookie(key, tuple, isn, meta) + 1, ACK: true}}.Bytes())
-		select {
-		case c := <-accepted:
-			if got := c.RemoteAddr().(*net.TCPAddr).Port; got != int(sport) {
-				t.Fatalf("accepted a connection from port %d, want %d", got, sport)
-			}
-			return true
-		case <-time.After(time.Second):
-			return false
-		}
-	}
+	handshake := cookieHandshakes(t, s, key, 31000)
 	protect := func(m Mode) {
 		if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, m, 0); err != nil {
 			t.Fatal(err)
@@ -540,25 +517,8 @@ func TestAutoCookiesEndAfterTheFlood(t *testing.T) {
 	if err := Configure(s.objs.SynSettings, Config{Hold: hold, CookieLifetime: lifetime}); err != nil {
 		t.Fatal(err)
 	}
-	_, accepted := echoServer(t, s.lab.Server)
+	handshake := cookieHandshakes(t, s, key, 32000)
 	send := rawSender(t, s.lab.Attacker)
-	ifc := s.lab.Attacker.Ifaces[0]
-	sport := uint16(32000)
-	handshake := func() bool {
-		sport++
-		const isn = 0x600dcafe
-		meta := Meta(1460, true, 7, true, true, false, 2, false)
-		tuple := Tuple{netip.AddrPortFrom(ifc.IPv4.Addr(), sport), netip.AddrPortFrom(ifc.PeerIPv4, labPort)}
-		send(testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC,
-			Net: testpkt.IPv4{Src: ifc.IPv4.Addr(), Dst: ifc.PeerIPv4},
-			L4:  testpkt.TCP{SrcPort: sport, DstPort: labPort, Seq: isn + 1, Ack: Cookie(key, tuple, isn, meta) + 1, ACK: true}}.Bytes())
-		select {
-		case <-accepted:
-			return true
-		case <-time.After(time.Second):
-			return false
-		}
-	}
 	for range 3 {
 		send(spoofed(s.lab, testpkt.TCP{SYN: true, Seq: 1}))
 	}
@@ -575,5 +535,35 @@ func TestAutoCookiesEndAfterTheFlood(t *testing.T) {
 	time.Sleep(hold + lifetime + 200*time.Millisecond)
 	if handshake() {
 		t.Error("a cookie was accepted past the hold and the cookie lifetime, no SYN since the flood")
+	}
+}
+
+// cookieHandshakes starts an echo server on the lab's port and returns a
+// function that sends, from the attacker's own address and a new source
+// port each time (counting up from sport), the third ACK of a handshake
+// that moat answered with a cookie under key (generation 2), and says
+// whether the server accepted that connection within a second.
+func cookieHandshakes(t *testing.T, s *shielded, key Key, sport uint16) func() bool {
+	t.Helper()
+	_, accepted := echoServer(t, s.lab.Server)
+	send := rawSender(t, s.lab.Attacker)
+	ifc := s.lab.Attacker.Ifaces[0]
+	return func() bool {
+		sport++
+		const isn = 0x0badcafe
+		meta := Meta(1460, true, 7, true, true, false, 2, false)
+		tuple := Tuple{netip.AddrPortFrom(ifc.IPv4.Addr(), sport), netip.AddrPortFrom(ifc.PeerIPv4, labPort)}
+		send(testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC,
+			Net: testpkt.IPv4{Src: ifc.IPv4.Addr(), Dst: ifc.PeerIPv4},
+			L4:  testpkt.TCP{SrcPort: sport, DstPort: labPort, Seq: isn + 1, Ack: Cookie(key, tuple, isn, meta) + 1, ACK: true}}.Bytes())
+		select {
+		case c := <-accepted:
+			if got := c.RemoteAddr().(*net.TCPAddr).Port; got != int(sport) {
+				t.Fatalf("accepted a connection from port %d, want %d", got, sport)
+			}
+			return true
+		case <-time.After(time.Second):
+			return false
+		}
 	}
 }

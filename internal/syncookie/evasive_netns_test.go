@@ -21,10 +21,19 @@ import (
 // evasivePort has a listener and, once the filter is attached, a drop rule.
 const evasivePort = 2222
 
-// requestSockets counts the request sockets (SYN_RECV) of port in h's
-// namespace: one per SYN the listener took.
-func requestSockets(t *testing.T, h *lab.Host, port uint16) int {
+// TCP states as /proc/net/tcp prints them.
+const (
+	tcpSynRecv  = "03"
+	tcpTimeWait = "06"
+)
+
+// socketsIn counts the TCP sockets of local port port in state in h's
+// namespace (tcp and tcp6: a dual-stack listener's sockets are in either).
+// /proc/thread-self: /proc/net shows the namespace of the process's first
+// thread, which an earlier test may have left in a scratch one.
+func socketsIn(t *testing.T, h *lab.Host, port uint16, state string) int {
 	t.Helper()
+	want := fmt.Sprintf(":%04X", port)
 	n := 0
 	err := h.Do(func() error {
 		for _, table := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
@@ -34,7 +43,7 @@ func requestSockets(t *testing.T, h *lab.Host, port uint16) int {
 			}
 			for _, line := range strings.Split(string(b), "\n")[1:] {
 				f := strings.Fields(line)
-				if len(f) > 3 && strings.HasSuffix(f[1], fmt.Sprintf(":%04X", port)) && f[3] == "03" {
+				if len(f) > 3 && strings.HasSuffix(f[1], want) && f[3] == state {
 					n++
 				}
 			}
@@ -130,13 +139,13 @@ func TestEvasivePacketsNeverReachTheListener(t *testing.T) {
 	// took sends the frames and says whether the listener got a request
 	// socket from them.
 	took := func(frames [][]byte) bool {
-		before := requestSockets(t, l.Server, evasivePort)
+		before := socketsIn(t, l.Server, evasivePort, tcpSynRecv)
 		for _, f := range frames {
 			send(f)
 		}
 		deadline := time.Now().Add(time.Second)
 		for time.Now().Before(deadline) {
-			if requestSockets(t, l.Server, evasivePort) > before {
+			if socketsIn(t, l.Server, evasivePort, tcpSynRecv) > before {
 				return true
 			}
 			time.Sleep(20 * time.Millisecond)
