@@ -19,9 +19,21 @@ import (
 // need no interface.
 func moatHere(t *testing.T, root string, args ...string) result {
 	t.Helper()
+	r := runBinary(t, nil, root, args...)
+	if r.code != 0 {
+		t.Fatalf("moat %s: %v", strings.Join(args, " "), r)
+	}
+	return r
+}
+
+// runBinary runs the real binary on root with env added to this process's
+// environment.
+func runBinary(t *testing.T, env []string, root string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, moatBin, append(append([]string{}, args...), "--root", root)...)
+	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -31,11 +43,7 @@ func moatHere(t *testing.T, root string, args ...string) result {
 	} else if err != nil {
 		t.Fatalf("run moat: %v", err)
 	}
-	r := result{code, out.String(), errb.String()}
-	if code != 0 {
-		t.Fatalf("moat %s: %v", strings.Join(args, " "), r)
-	}
-	return r
+	return result{code, out.String(), errb.String()}
 }
 
 // listed returns `moat list --json` without hit counts.

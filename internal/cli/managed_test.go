@@ -1,13 +1,10 @@
 package cli_test
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -37,20 +34,7 @@ func fakeDaemon(t *testing.T, root string) string {
 // it.
 func runManaged(t *testing.T, socket, root string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, moatBin, append(append([]string{}, args...), "--root", root)...)
-	cmd.Env = append(os.Environ(), "MOAT_SOCKET="+socket)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run moat: %v", err)
-	}
-	return result{code, out.String(), errb.String()}
+	return runBinary(t, []string{"MOAT_SOCKET=" + socket}, root, args...)
 }
 
 // TestManagedRootRefusals: the commands that change what a daemon's
