@@ -357,41 +357,12 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 			}
 		}
 		saved := slices.Clone(d.st.Ports)
-		for i, spec := range specs {
-			if remove {
-				err = s.RemovePortRule(spec)
-			} else {
-				err = s.AddPortRule(spec, action)
-			}
-			if err != nil {
-				// Take back the ones done: the state file never held them.
-				d.st.Ports = saved
-				for _, done := range specs[:i] {
-					var rerr error
-					if remove {
-						for _, p := range saved {
-							if p.Spec == done {
-								rerr = s.AddPortRule(done, p.Action)
-							}
-						}
-					} else {
-						rerr = s.RemovePortRule(done)
-					}
-					if rerr != nil {
-						d.log.Error("undo a port change that failed part way", "rule", done, "err", rerr)
-					}
-				}
-				return err
-			}
-			if remove {
-				d.st.Ports = slices.DeleteFunc(d.st.Ports, func(p rules.PortEntry) bool { return p.Spec == spec })
-			} else {
-				d.st.Ports = append(d.st.Ports, rules.PortEntry{Spec: spec, Action: action})
-			}
-		}
-		if err := state.Save(d.cfg.Daemon.StateFile, d.st); err != nil {
+		// undo takes back the changes of done, in the maps and in the
+		// state, so that the filter never holds a rule the state file
+		// does not.
+		undo := func(done []rules.PortSpec, why string) {
 			d.st.Ports = saved
-			for _, spec := range specs {
+			for _, spec := range done {
 				var rerr error
 				if remove {
 					for _, p := range saved {
@@ -403,9 +374,28 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 					rerr = s.RemovePortRule(spec)
 				}
 				if rerr != nil {
-					d.log.Error("undo an unsaved change", "err", rerr)
+					d.log.Error(why, "rule", spec, "err", rerr)
 				}
 			}
+		}
+		for i, spec := range specs {
+			if remove {
+				err = s.RemovePortRule(spec)
+			} else {
+				err = s.AddPortRule(spec, action)
+			}
+			if err != nil {
+				undo(specs[:i], "undo a port change that failed part way")
+				return err
+			}
+			if remove {
+				d.st.Ports = slices.DeleteFunc(d.st.Ports, func(p rules.PortEntry) bool { return p.Spec == spec })
+			} else {
+				d.st.Ports = append(d.st.Ports, rules.PortEntry{Spec: spec, Action: action})
+			}
+		}
+		if err := state.Save(d.cfg.Daemon.StateFile, d.st); err != nil {
+			undo(specs, "undo an unsaved change")
 			return err
 		}
 		verb := "port rules added"
