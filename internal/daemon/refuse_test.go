@@ -369,3 +369,35 @@ func TestSocketPathThatIsNotASocket(t *testing.T) {
 		t.Errorf("socket equal to the state file: exit %d\n%s", code, out)
 	}
 }
+
+// TestChangesThatCannotBeSavedAreTakenBack: a change through the daemon
+// that cannot be written to the state file (here a directory stands where
+// the file goes) fails, and the filter does not keep it: a restart would
+// lose it.
+func TestChangesThatCannotBeSavedAreTakenBack(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	e.mustMoat("block", "198.51.100.1")
+	e.mustMoat("port", "drop", "udp/19")
+	before := e.rulesNow()
+	if err := os.Remove(e.stateFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(e.stateFile, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"port", "drop", "udp/7000", "udp/7001"},
+		{"port", "remove", "udp/19"},
+		{"block", "198.51.100.2", "198.51.100.3"},
+		{"unblock", "198.51.100.1"},
+	} {
+		if r := e.moat(args...); r.code == 0 {
+			t.Errorf("moat %s with an unwritable state file: exit 0", strings.Join(args, " "))
+		}
+		if after := e.rulesNow(); !slices.Equal(after, before) {
+			t.Fatalf("moat %s left the rules changed:\n%v\nwere\n%v", strings.Join(args, " "), after, before)
+		}
+	}
+}
