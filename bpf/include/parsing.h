@@ -98,6 +98,8 @@ struct packet {
 	__u8 saddr[16]; /* IPv4 uses the first 4 bytes */
 	__u8 daddr[16];
 	__u8 opts_state; /* enum tcp_opts_state: what opts holds */
+	__u8 first_fragment; /* offset 0 with more fragments to come */
+	__u16 l3_end;   /* offset of the end of the IP datagram (XDP: within the frame) */
 	struct tcp_opts opts; /* filled on first use (xdp_tcp_options) */
 	__u64 now;      /* CLOCK_BOOTTIME, read on first use (packet_now) */
 };
@@ -182,6 +184,7 @@ static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *
 		c->first_fragment = 1;
 	}
 	c->l3_end = c->pos + tot_len;
+	p->l3_end = p->l3_off + tot_len;
 	c->pos += hdr_len;
 	return PARSE_OK;
 }
@@ -213,6 +216,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 	if (!paged && (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
 		return PARSE_MALFORMED;
 	c->l3_end = (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len);
+	p->l3_end = p->l3_off + sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
 	c->pos = ip6h + 1;
 	nexthdr = ip6h->nexthdr;
 
@@ -346,6 +350,7 @@ static __always_inline int parse_frame(void *data, void *data_end, struct packet
 		return ret;
 
 	p->l4proto = l4proto;
+	p->first_fragment = c.first_fragment;
 	if (p->fragment)
 		return PARSE_OK;
 	ret = parse_l4(&c, p, data);

@@ -265,6 +265,63 @@ static __always_inline int rl_is_syn(const struct packet *p)
 	return p->l4proto == IPPROTO_TCP && p->has_l4 && (p->tcp_flags & 0x12) == 0x02;
 }
 
+/* TLS record and handshake message types (RFC 8446). */
+#define TLS_RECORD_HANDSHAKE 22
+#define TLS_CLIENT_HELLO 1
+
+/* Whether a TCP segment opens a TLS ClientHello: its payload starts with a
+ * handshake record header (type 22, version 3.0 to 3.4) whose message is a
+ * ClientHello (type 1). The bytes after the record header decide only
+ * when the segment has them: a segment of 1 to 5 bytes that could be the
+ * start of such a header counts, as does a first IP fragment whose
+ * payload lies wholly in later fragments. No client does either, but an
+ * abusive one could, to hide its hellos from a byte match. A SYN with data
+ * (TCP Fast Open) counts like any segment; a RST never does. A global
+ * function: the verifier checks it once, not at each limit it serves. */
+__attribute__((noinline)) int rl_is_tls_hello(struct xdp_md *ctx, struct packet *p)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	__u32 off, len;
+	__u8 *q;
+
+	if (!p || p->l4proto != IPPROTO_TCP || !p->has_l4 || (p->tcp_flags & 0x04))
+		return 0;
+	off = p->l4_off + sizeof(struct tcphdr) + p->tcp_optlen;
+	if (off >= p->l3_end)
+		return p->first_fragment;
+	/* An XDP frame without fragments fits in a page: the bound is for the
+	 * verifier. */
+	if (off > 0x3fff)
+		return 0;
+	len = p->l3_end - off;
+	q = data + off;
+	if (len >= 6) {
+		if ((void *)(q + 6) > end)
+			return 0;
+		return q[0] == TLS_RECORD_HANDSHAKE && q[1] == 3 && q[2] <= 4 &&
+		       q[5] == TLS_CLIENT_HELLO;
+	}
+	if ((void *)(q + 1) > end || q[0] != TLS_RECORD_HANDSHAKE)
+		return 0;
+	if (len >= 2 && ((void *)(q + 2) > end || q[1] != 3))
+		return 0;
+	if (len >= 3 && ((void *)(q + 3) > end || q[2] > 4))
+		return 0;
+	return 1;
+}
+
+/* Whether rule r applies to the packet: a +syn or +tls-hello limit takes
+ * those packets only. */
+static __always_inline int rl_applies(struct xdp_md *ctx, struct packet *p,
+				      const struct rl_rule *r)
+{
+	if (r->flags & RL_F_SYN_ONLY)
+		return rl_is_syn(p);
+	if (r->flags & RL_F_TLS_HELLO)
+		return rl_is_tls_hello(ctx, p);
+	return 1;
+}
+
 /* Frame size histogram bucket. */
 static __always_inline __u32 shape_size_bucket(__u32 len)
 {
@@ -470,16 +527,34 @@ static __always_inline void hh_count(const struct packet *p, __u32 len, int drop
 	c->last_ns = now;
 }
 
-/* Fills in the rules of the scope slot s where the more specific slots
- * had none. */
-static __always_inline void rl_fill(const struct rl_slot *s, __u32 *src, __u32 *bud)
+/* Takes the rules of scope slot s for the kinds that have none yet, if
+ * they apply to the packet: a packet a +syn or +tls-hello limit does not
+ * take falls to the next wider scope. */
+static __always_inline void rl_choose(struct xdp_md *ctx, struct packet *p,
+				      const struct rl_slot *s, __u32 *src, struct rl_rule **src_r,
+				      __u32 *bud, struct rl_rule **bud_r)
 {
+	struct rl_rule *r;
+	__u32 id;
+
 	if (!s)
 		return;
-	if (!*src)
-		*src = s->source;
-	if (!*bud)
-		*bud = s->budget;
+	if (!*src_r && s->source) {
+		id = s->source;
+		r = bpf_map_lookup_elem(&rl_rules, &id);
+		if (r && r->kind == RL_KIND_SOURCE && rl_applies(ctx, p, r)) {
+			*src = id;
+			*src_r = r;
+		}
+	}
+	if (!*bud_r && s->budget) {
+		id = s->budget;
+		r = bpf_map_lookup_elem(&rl_rules, &id);
+		if (r && r->kind == RL_KIND_BUDGET && rl_applies(ctx, p, r)) {
+			*bud = id;
+			*bud_r = r;
+		}
+	}
 }
 
 /* The rate-limit stage: returns RL_PASS or why the packet is dropped. A
@@ -488,9 +563,9 @@ static __always_inline void rl_fill(const struct rl_slot *s, __u32 *src, __u32 *
 __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 {
 	__u32 len = ctx->data_end - ctx->data;
+	struct rl_rule *src_r = NULL, *bud_r = NULL;
 	struct rl_config *set;
 	struct rl_rule_stats *st;
-	struct rl_rule *r;
 	__u32 zero = 0, all = RL_CLASS_ALL, src = 0, bud = 0, idx;
 	int class = -1, res = RL_PASS;
 
@@ -503,20 +578,18 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 		class = port_class(p);
 	if (class >= 0) {
 		idx = ((__u32)class << 16) | p->dport;
-		rl_fill(bpf_map_lookup_elem(&rl_port_scopes, &idx), &src, &bud);
+		rl_choose(ctx, p, bpf_map_lookup_elem(&rl_port_scopes, &idx), &src, &src_r, &bud, &bud_r);
 		idx = class;
-		rl_fill(bpf_map_lookup_elem(&rl_class_scopes, &idx), &src, &bud);
+		rl_choose(ctx, p, bpf_map_lookup_elem(&rl_class_scopes, &idx), &src, &src_r, &bud, &bud_r);
 	}
-	rl_fill(bpf_map_lookup_elem(&rl_class_scopes, &all), &src, &bud);
+	rl_choose(ctx, p, bpf_map_lookup_elem(&rl_class_scopes, &all), &src, &src_r, &bud, &bud_r);
 
 	/* The source limit first: a source over its own limit must not spend
 	 * the budget that everyone else shares. */
-	if (src) {
-		r = bpf_map_lookup_elem(&rl_rules, &src);
+	if (src_r) {
 		st = bpf_map_lookup_elem(&rl_stats, &src);
-		if (r && st && r->kind == RL_KIND_SOURCE &&
-		    (!(r->flags & RL_F_SYN_ONLY) || rl_is_syn(p))) {
-			res = rl_source(p, src, r, set, packet_now(p), len, st);
+		if (st) {
+			res = rl_source(p, src, src_r, set, packet_now(p), len, st);
 			if (res == RL_PASS) {
 				st->passed++;
 				st->passed_bytes += len;
@@ -526,15 +599,13 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 			}
 		}
 	}
-	if (res == RL_PASS && bud) {
-		r = bpf_map_lookup_elem(&rl_rules, &bud);
+	if (res == RL_PASS && bud_r) {
 		st = bpf_map_lookup_elem(&rl_stats, &bud);
 		idx = bud;
-		if (r && st && r->kind == RL_KIND_BUDGET &&
-		    (!(r->flags & RL_F_SYN_ONLY) || rl_is_syn(p))) {
+		if (st) {
 			struct rl_bucket *b = bpf_map_lookup_elem(&rl_budgets, &idx);
 
-			if (b && !rl_conform(b, r, packet_now(p), len)) {
+			if (b && !rl_conform(b, bud_r, packet_now(p), len)) {
 				res = RL_DROP_BUDGET;
 				st->dropped++;
 				st->dropped_bytes += len;

@@ -67,7 +67,8 @@ enum rl_kind {
 };
 
 enum rl_rule_flags {
-	RL_F_SYN_ONLY = 1, /* TCP SYNs (no ACK) only */
+	RL_F_SYN_ONLY = 1,  /* TCP SYNs (no ACK) only */
+	RL_F_TLS_HELLO = 2, /* TCP segments that open a TLS ClientHello only */
 };
 
 /* What lets a source that has no bucket get one. A flood from random

@@ -73,7 +73,9 @@ func newLimitCmd(g *globals) *cobra.Command {
 		Long: "A source limit gives every source address (IPv6: every /64, or --ipv6-prefix) a token bucket; " +
 			"a budget gives the whole scope one bucket, whatever the sources. A scope is all, a protocol " +
 			"(tcp, udp, icmp, icmpv6) or PROTO/PORT[-PORT] (udp/53, icmp/echo-request), with +syn for TCP SYNs " +
-			"only. For each kind the most specific scope decides. Allowlisted sources are never limited.",
+			"only or +tls-hello for TCP segments that open a TLS ClientHello only. For each kind the most specific " +
+			"scope whose limit takes the packet decides: packets a +syn or +tls-hello limit does not take fall to " +
+			"the next wider scope. Allowlisted sources are never limited.",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
@@ -106,6 +108,7 @@ func newLimitAddCmd(g *globals) *cobra.Command {
 		Example: "  moat limit add source all --pps 10k --block 1m\n" +
 			"  moat limit add budget udp/53 --pps 50k\n" +
 			"  moat limit add budget tcp/443+syn --pps 20k\n" +
+			"  moat limit add source tcp/443+tls-hello --pps 20 --burst 40 --block 10m\n" +
 			"  moat limit add source icmp/echo-request --pps 10 --bps 100k",
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {

@@ -17,6 +17,7 @@ func TestLimitCommands(t *testing.T) {
 	mustRun(t, root, "limit", "add", "budget", "udp/53", "--pps", "50k")
 	mustRun(t, root, "limit", "add", "budget", "tcp/443+syn", "--pps", "20k", "--burst", "1000")
 	mustRun(t, root, "limit", "add", "source", "icmp/echo-request", "--pps", "10", "--bps", "100k", "--ipv6-prefix", "48")
+	mustRun(t, root, "limit", "add", "source", "tcp/8443+tls-hello", "--pps", "20", "--burst", "40", "--block", "10m")
 
 	list := func() cli.LimitList {
 		t.Helper()
@@ -34,6 +35,7 @@ func TestLimitCommands(t *testing.T) {
 	}
 	want := []string{
 		"source all 10000pps burst 1000 block 1m0s",
+		"source tcp/8443+tls-hello 20pps burst 40 block 10m0s",
 		"source icmp/echo-request 10pps burst 1 100000bit/s burst 1518B ipv6/48",
 		"budget tcp/443+syn 20000pps burst 1000",
 		"budget udp/53 50000pps burst 5000",
@@ -57,6 +59,9 @@ func TestLimitCommands(t *testing.T) {
 		{"bad kind", []string{"limit", "add", "sauce", "udp", "--pps", "1"}, "source or budget"},
 		{"bad scope", []string{"limit", "add", "source", "sctp/9", "--pps", "1"}, "invalid scope"},
 		{"syn on udp", []string{"limit", "add", "source", "udp+syn", "--pps", "1"}, "TCP scopes only"},
+		{"tls-hello on udp", []string{"limit", "add", "source", "udp/443+tls-hello", "--pps", "1"}, "TCP scopes only"},
+		{"two qualifiers", []string{"limit", "add", "source", "tcp/443+syn+tls-hello", "--pps", "1"}, "one qualifier at most"},
+		{"hello limit over a port limit", []string{"limit", "add", "source", "tcp/8443", "--pps", "1"}, "overlaps"},
 		{"bad rate", []string{"limit", "add", "source", "udp", "--pps", "lots"}, "invalid --pps"},
 		{"block on budget", []string{"limit", "add", "budget", "udp", "--pps", "1", "--block", "1m"}, "source limits"},
 		{"prefix 0", []string{"limit", "add", "source", "udp", "--pps", "1", "--ipv6-prefix", "0"}, "1..128"},
@@ -77,7 +82,7 @@ func TestLimitCommands(t *testing.T) {
 	mustRun(t, root, "limit", "remove", "source", "all")
 	mustRun(t, root, "limit", "config", "--shape", "off", "--sample", "1024", "--gate", "sketch")
 	ll = list()
-	if len(ll.Limits) != 3 || ll.Limits[2].PPS != 1000 {
+	if len(ll.Limits) != 4 || ll.Limits[3].PPS != 1000 {
 		t.Errorf("after replace and remove: %+v", ll.Limits)
 	}
 	if ll.Config.Shape || ll.Config.Sample != 1024 || ll.Config.Gate.String() != "sketch" {

@@ -256,7 +256,8 @@ type MoatRlRule struct {
 type MoatRlRuleFlags uint32
 
 const (
-	MoatRlRuleFlagsRL_F_SYN_ONLY MoatRlRuleFlags = 1
+	MoatRlRuleFlagsRL_F_SYN_ONLY  MoatRlRuleFlags = 1
+	MoatRlRuleFlagsRL_F_TLS_HELLO MoatRlRuleFlags = 2
 )
 
 type MoatRlRuleStats struct {

@@ -19,6 +19,13 @@ func TestParseScope(t *testing.T) {
 		{"tcp/6000-6063", "tcp/6000-6063", ""},
 		{"tcp/443+syn", "tcp/443+syn", ""},
 		{"tcp+syn", "tcp+syn", ""},
+		{"tcp/443+TLS-hello", "tcp/443+tls-hello", ""},
+		{"tcp+tls-hello", "tcp+tls-hello", ""},
+		{"udp/443+tls-hello", "", "TCP scopes only"},
+		{"all+tls-hello", "", "TCP scopes only"},
+		{"tcp/443+syn+tls-hello", "", "one qualifier at most"},
+		{"tcp/443+tls-hello+syn", "", "one qualifier at most"},
+		{"tcp/443+", "", "one qualifier at most"},
 		{"icmp/echo-request", "icmp/echo-request", ""},
 		{"icmpv6", "icmpv6", ""},
 		{"udp/53+syn", "", "TCP scopes only"},
@@ -58,6 +65,8 @@ func TestOverlaps(t *testing.T) {
 		{"udp/50-60", "udp/60-70", true},
 		{"udp/50-60", "udp/61-70", false},
 		{"tcp/80", "tcp/80+syn", true}, // one slot per port
+		{"tcp/443+syn", "tcp/443+tls-hello", true},
+		{"tcp/443+tls-hello", "tcp+tls-hello", false},
 		{"tcp/80", "udp/80", false},
 	} {
 		if got := p(c.a).Overlaps(p(c.b)); got != c.want {

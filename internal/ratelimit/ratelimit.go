@@ -5,9 +5,11 @@
 //
 // A limit has a kind (source or budget) and a scope: all traffic, one
 // protocol, or a protocol with a port (ICMP type) range, optionally TCP
-// SYNs only. For each kind the most specific scope that has a limit
-// decides for a packet: a port range over a whole protocol over all
-// traffic.
+// SYNs only (+syn) or TCP segments that open a TLS ClientHello only
+// (+tls-hello). For each kind the most specific scope whose limit takes
+// the packet decides: a port range over a whole protocol over all
+// traffic. A packet that a +syn or +tls-hello limit does not take falls to
+// the next wider scope.
 //
 // Everything works on a Maps value, which the CLI gets from the pinned
 // state (FromShield) and a daemon can get the same way; Apply makes the
@@ -75,6 +77,7 @@ type Scope struct {
 	WholeClass bool
 	From, To   uint16
 	SYN        bool // TCP SYNs without ACK only
+	TLSHello   bool // TCP segments that open a TLS ClientHello only
 }
 
 // classSlot is the index in the class scope table; RL_CLASS_ALL for All.
@@ -98,17 +101,26 @@ func (s Scope) String() string {
 	if s.SYN {
 		b += "+syn"
 	}
+	if s.TLSHello {
+		b += "+tls-hello"
+	}
 	return b
 }
 
 // ParseScope reads "all", a protocol ("udp", "tcp", "icmp", "icmpv6") or a
 // port rule's PROTO/PORT[-PORT] ("udp/53", "icmp/echo-request"); a
-// "+syn" suffix restricts a TCP scope to SYNs.
+// "+syn" suffix restricts a TCP scope to SYNs, "+tls-hello" to segments
+// that open a TLS ClientHello.
 func ParseScope(text string) (Scope, error) {
 	var s Scope
 	t := strings.ToLower(strings.TrimSpace(text))
 	if rest, ok := strings.CutSuffix(t, "+syn"); ok {
 		s.SYN, t = true, rest
+	} else if rest, ok := strings.CutSuffix(t, "+tls-hello"); ok {
+		s.TLSHello, t = true, rest
+	}
+	if strings.Contains(t, "+") {
+		return Scope{}, fmt.Errorf("invalid scope %q: one qualifier at most, +syn or +tls-hello", text)
 	}
 	switch t {
 	case "all", "any", "*":
@@ -130,6 +142,9 @@ func ParseScope(text string) (Scope, error) {
 	}
 	if s.SYN && (s.All || s.Class != rules.TCP) {
 		return Scope{}, fmt.Errorf("invalid scope %q: +syn is for TCP scopes only", text)
+	}
+	if s.TLSHello && (s.All || s.Class != rules.TCP) {
+		return Scope{}, fmt.Errorf("invalid scope %q: +tls-hello is for TCP scopes only", text)
 	}
 	return s, nil
 }
@@ -281,8 +296,11 @@ func (l Limit) ruleValue() datapath.MoatRlRule {
 		r.ByteTolerance = hi<<(64-fpShift) | lo>>fpShift
 	}
 	r.Kind = uint8(l.Kind)
-	if l.Scope.SYN {
+	switch {
+	case l.Scope.SYN:
 		r.Flags = uint8(datapath.MoatRlRuleFlagsRL_F_SYN_ONLY)
+	case l.Scope.TLSHello:
+		r.Flags = uint8(datapath.MoatRlRuleFlagsRL_F_TLS_HELLO)
 	}
 	if l.Kind == Source {
 		r.V6Prefix = uint8(l.IPv6Prefix)
@@ -352,6 +370,7 @@ func limitOf(r datapath.MoatRlRule) Limit {
 		l.Scope.Class, l.Scope.From, l.Scope.To = rules.Class(r.Class), r.PortFrom, r.PortTo
 	}
 	l.Scope.SYN = r.Flags&uint8(datapath.MoatRlRuleFlagsRL_F_SYN_ONLY) != 0
+	l.Scope.TLSHello = !l.Scope.SYN && r.Flags&uint8(datapath.MoatRlRuleFlagsRL_F_TLS_HELLO) != 0
 	if r.PktInterval > 0 {
 		l.PPS = roundDiv(uint64(1e9)<<fpShift, r.PktInterval)
 		l.BurstPackets = r.PktTolerance / max(1, r.PktInterval>>fpShift)

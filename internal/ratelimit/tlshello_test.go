@@ -1,0 +1,241 @@
+package ratelimit_test
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/ratelimit"
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+// clientHello returns the first record Go's TLS client writes: a whole
+// ClientHello as a client sends it.
+func clientHello(tb testing.TB) []byte {
+	tb.Helper()
+	client, server := net.Pipe()
+	defer server.Close()
+	go func() {
+		c := tls.Client(client, &tls.Config{ServerName: "moat.test"})
+		c.Handshake()
+		c.Close()
+	}()
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(server, hdr); err != nil {
+		tb.Fatal(err)
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(server, body); err != nil {
+		tb.Fatal(err)
+	}
+	if hdr[0] != 22 || body[0] != 1 {
+		tb.Fatalf("first record % x… is not a ClientHello", append(hdr, body[:1]...))
+	}
+	return append(hdr, body...)
+}
+
+// TestTLSHelloScope runs segments of every shape through a +tls-hello
+// budget: those it takes are held to its burst, the others all pass.
+func TestTLSHelloScope(t *testing.T) {
+	f := newFilter(t)
+	defaults := ratelimit.Config{Shape: true, HeavyHitters: true, Sample: 1, Gate: ratelimit.GateSketch}
+	hello := clientHello(t)
+	src6 := netip.MustParseAddr("2001:db8:1::7")
+	seg := func(payload []byte) testpkt.TCP {
+		return testpkt.TCP{ACK: true, PSH: true, SrcPort: 40000, DstPort: 443, Seq: 1, Ack: 1, Payload: payload}
+	}
+	v4 := func(t testpkt.TCP) []byte { return testpkt.TCPv4(src4, dst4, t) }
+	frame := func(fr testpkt.Frame) []byte {
+		b, err := fr.Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	// trailer is an IPv4 segment whose frame goes on past the datagram
+	// with extra bytes, as Ethernet padding does.
+	trailer := func(payload, extra []byte) []byte {
+		return append(v4(seg(payload)), extra...)
+	}
+	withTS := seg(hello)
+	withTS.Options = []testpkt.TCPOption{testpkt.TCPNOP(), testpkt.TCPNOP(), testpkt.Timestamps(1, 2)}
+	tfo := seg(hello)
+	tfo.SYN, tfo.ACK, tfo.PSH = true, false, false
+	rst := seg(hello)
+	rst.RST = true
+	app := append([]byte{23, 3, 3, 0, 40}, make([]byte, 40)...)
+	serverHello := append([]byte{22, 3, 3, 0, 40, 2}, make([]byte, 39)...)
+	sslv2ish := append([]byte{22, 2, 0, 0, 40, 1}, make([]byte, 39)...)
+	record35 := append([]byte{22, 3, 5, 0, 40, 1}, make([]byte, 39)...)
+
+	for _, c := range []struct {
+		name  string
+		pkt   []byte
+		hello bool
+	}{
+		{"ClientHello, IPv4", v4(seg(hello)), true},
+		{"ClientHello, IPv6", testpkt.TCPv6(src6, dst6, seg(hello)), true},
+		{"ClientHello, VLAN", frame(testpkt.Frame{Tags: testpkt.VLAN(7), Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: seg(hello)}), true},
+		{"ClientHello, QinQ, IPv6", frame(testpkt.Frame{Tags: testpkt.QinQ(1, 2), Net: testpkt.IPv6{Src: src6, Dst: dst6}, L4: seg(hello)}), true},
+		{"ClientHello behind IPv4 options", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, Options: []testpkt.IPv4Option{testpkt.RouterAlert()}}, L4: seg(hello)}), true},
+		{"ClientHello behind IPv6 extension headers", frame(testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, Ext: []testpkt.IPv6Ext{testpkt.HopByHop{}, testpkt.DestOpts{}}}, L4: seg(hello)}), true},
+		{"ClientHello behind TCP timestamps", v4(withTS), true},
+		{"ClientHello in a Fast Open SYN", v4(tfo), true},
+		{"record version 3.1, as most clients send", v4(seg(append([]byte{22, 3, 1}, hello[3:]...))), true},
+		{"the first byte of a record header alone", v4(seg([]byte{22})), true},
+		{"three bytes of a record header", v4(seg([]byte{22, 3, 1})), true},
+		{"five bytes of a record header, then padding that is not a ClientHello", trailer([]byte{22, 3, 3, 0, 40}, []byte{2}), true},
+		{"a first IPv4 fragment that ends with the TCP header", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, MF: true}, L4: seg(nil)}), true},
+		{"a first IPv4 fragment with two bytes of a record header", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, MF: true}, L4: seg([]byte{22, 3})}), true},
+		{"a first IPv6 fragment that ends with the TCP header", frame(testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, Ext: []testpkt.IPv6Ext{testpkt.Fragment{More: true, ID: 9}}}, L4: seg(nil)}), true},
+
+		{"application data", v4(seg(app)), false},
+		{"a ServerHello", v4(seg(serverHello)), false},
+		{"record version 2.0", v4(seg(sslv2ish)), false},
+		{"record version 3.5", v4(seg(record35)), false},
+		{"the first byte of an application data record", v4(seg([]byte{23})), false},
+		{"two bytes that no record header starts with", v4(seg([]byte{22, 4})), false},
+		{"a pure ACK", v4(seg(nil)), false},
+		{"a pure ACK whose padding looks like a ClientHello", trailer(nil, hello[:6]), false},
+		{"a SYN", syn4(src4, 443), false},
+		{"a RST carrying a ClientHello", v4(rst), false},
+		{"a ClientHello to another port", testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, SrcPort: 40000, DstPort: 444, Payload: hello}), false},
+		{"a ClientHello in UDP to 443", testpkt.UDPv4(src4, dst4, testpkt.UDP{SrcPort: 40000, DstPort: 443, Payload: hello}), false},
+		{"a non-first fragment of a ClientHello", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, FragOff: 3, Protocol: testpkt.ProtoTCP}, L4: testpkt.Payload{Proto: testpkt.ProtoTCP, Data: hello[:64]}}), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f.reset(defaults)
+			// 1 pps: no token comes back while the case runs.
+			f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "tcp/443+tls-hello"), PPS: 1, BurstPackets: 5})
+			want := 20
+			if c.hello {
+				want = 5
+			}
+			if got := f.send(c.pkt, 20); got != want {
+				t.Errorf("%d of 20 passed, want %d", got, want)
+			}
+			if d, want := f.dropsFor(datapath.MoatVerdictReasonREASON_BUDGET), uint64(20-want); d != want {
+				t.Errorf("budget drops %d, want %d", d, want)
+			}
+		})
+	}
+}
+
+// TestQualifiedScopesFallThrough checks that a packet a +tls-hello or +syn
+// limit does not take meets the next wider limit, and that a source over
+// its ClientHello limit is blocked with a reason that names it.
+func TestQualifiedScopesFallThrough(t *testing.T) {
+	f := newFilter(t)
+	defaults := ratelimit.Config{Shape: true, HeavyHitters: true, Sample: 1, Gate: ratelimit.GateNone}
+	hello := clientHello(t)
+	seg := func(src netip.Addr, dport uint16, payload []byte) []byte {
+		return testpkt.TCPv4(src, dst4, testpkt.TCP{ACK: true, PSH: true, SrcPort: 40000, DstPort: dport, Payload: payload})
+	}
+
+	t.Run("source limits", func(t *testing.T) {
+		f.reset(defaults)
+		// 1 pps: no token comes back while the case runs.
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "tcp/443+tls-hello"), PPS: 1, BurstPackets: 2})
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "tcp"), PPS: 1, BurstPackets: 7})
+		if got := f.send(seg(src4, 443, hello), 20); got != 2 {
+			t.Errorf("ClientHellos to 443: %d of 20 passed, want the hello limit's 2", got)
+		}
+		if got := f.send(seg(src4, 443, []byte("GET / HTTP/1.1\r\n\r\n")), 20); got != 7 {
+			t.Errorf("other segments to 443: %d of 20 passed, want the tcp limit's 7", got)
+		}
+		if got := f.send(seg(src4b, 80, hello), 20); got != 7 {
+			t.Errorf("ClientHellos to 80: %d of 20 passed, want the tcp limit's 7", got)
+		}
+	})
+
+	t.Run("budgets", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "tcp/80+syn"), PPS: 1, BurstPackets: 3})
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "tcp"), PPS: 1, BurstPackets: 6})
+		if got := f.send(syn4(src4, 80), 20); got != 3 {
+			t.Errorf("SYNs to 80: %d of 20 passed, want the SYN budget's 3", got)
+		}
+		if got := f.send(seg(src4, 80, nil), 20); got != 6 {
+			t.Errorf("ACKs to 80: %d of 20 passed, want the tcp budget's 6", got)
+		}
+	})
+
+	t.Run("a source over its ClientHello limit is blocked", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "tcp/443+tls-hello"), PPS: 20, BurstPackets: 3, Block: ratelimit.Duration(time.Minute)})
+		// Data segments do not count against the hello limit.
+		if got := f.send(seg(src4, 443, []byte("data")), 20); got != 20 {
+			t.Fatalf("data segments: %d of 20 passed", got)
+		}
+		if got := f.send(seg(src4, 443, hello), 10); got != 3 {
+			t.Fatalf("ClientHellos: %d of 10 passed, want 3", got)
+		}
+		// Now the denylist takes everything from the source.
+		if got := f.send(seg(src4, 443, []byte("data")), 5); got != 0 {
+			t.Errorf("after the block: %d of 5 data segments passed", got)
+		}
+		ck := datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32}
+		copy(ck.Addr[:], src4.AsSlice())
+		var cm datapath.MoatComment
+		if err := f.coll.Maps[datapath.MoatMapComments].Lookup(ck, &cm); err != nil {
+			t.Fatalf("no auto-block comment: %v", err)
+		}
+		if txt := cString(cm.Text[:]); !strings.Contains(txt, "tcp/443+tls-hello") {
+			t.Errorf("auto-block reason %q does not name the scope", txt)
+		}
+	})
+}
+
+// BenchmarkTLSHelloCost reports the ns per packet a +tls-hello limit adds
+// to a TCP segment to its port, against the same segment with no limit,
+// in one run. Run with
+//
+//	go test -run '^$' -bench TLSHelloCost -benchtime 1x ./internal/ratelimit/
+func BenchmarkTLSHelloCost(b *testing.B) {
+	f := newFilter(b)
+	off := ratelimit.Config{Gate: ratelimit.GateSample}
+	seg := func(payload []byte) []byte {
+		return testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, PSH: true, SrcPort: 40000, DstPort: 443, Payload: payload})
+	}
+	data := seg(append([]byte{23, 3, 3, 0, 100}, make([]byte, 100)...))
+	hello := seg(clientHello(b))
+	budget := ratelimit.Limit{Kind: ratelimit.Budget, Scope: mustScope("tcp/443+tls-hello"), PPS: 1000}
+	wide := ratelimit.Limit{Kind: ratelimit.Budget, Scope: mustScope("tcp"), PPS: 1e8}
+	const reps = 2_000_000
+	measure := func(pkt []byte, limits ...ratelimit.Limit) float64 {
+		f.reset(off)
+		if err := ratelimit.Apply(f.rl, limits); err != nil {
+			b.Fatal(err)
+		}
+		_, d, err := f.prog.Benchmark(pkt, reps, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return float64(d) / float64(time.Nanosecond)
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "%-58s %8s %8s\n", "segment to tcp/443, limits", "ns/pkt", "added")
+	for round := 0; round < 2; round++ {
+		bd, bh := measure(data), measure(hello)
+		for _, r := range []struct {
+			name     string
+			ns, base float64
+		}{
+			{"data segment, hello budget (not a hello: passes)", measure(data, budget), bd},
+			{"data segment, a tcp budget alone", measure(data, wide), bd},
+			{"data segment, hello budget and a tcp budget (falls through)", measure(data, budget, wide), bd},
+			{"ClientHello, hello budget (over it: dropped)", measure(hello, budget), bh},
+		} {
+			fmt.Fprintf(&out, "%-58s %8.1f %+8.1f\n", r.name, r.ns, r.ns-r.base)
+		}
+		fmt.Fprintf(&out, "%-58s %8.1f / %.1f\n", "baseline data / ClientHello, no limit", bd, bh)
+	}
+	b.Log("\n" + out.String())
+}
