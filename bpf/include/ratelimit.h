@@ -310,8 +310,44 @@ __attribute__((noinline)) int rl_is_tls_hello(struct xdp_md *ctx, struct packet 
 	return 1;
 }
 
-/* Whether rule r applies to the packet: a +syn or +tls-hello limit takes
- * those packets only. */
+/* QUIC versions whose Initial packets open a TLS handshake (RFC 9000,
+ * RFC 9369, and the drafts some servers still speak). */
+#define QUIC_V1 0x00000001
+#define QUIC_V2 0x6b3343cf
+#define QUIC_DRAFT_MASK 0xffffff00
+#define QUIC_DRAFT 0xff000000
+
+/* Whether a UDP datagram opens with a QUIC Initial packet: a long header
+ * (first bit set) of version 1 or a draft with packet type 0, or of
+ * version 2 with packet type 1. The fixed bit is not looked at: a server
+ * decides what it takes. A first IP fragment with fewer than the 5 bytes
+ * that tell counts, as in rl_is_tls_hello. A global function, checked
+ * once. */
+__attribute__((noinline)) int rl_is_quic_initial(struct xdp_md *ctx, struct packet *p)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	__u32 off, version, type;
+	__u8 *q;
+
+	if (!p || p->l4proto != IPPROTO_UDP || !p->has_l4)
+		return 0;
+	off = p->l4_off + 8;
+	if (off > 0x3fff)
+		return 0;
+	if (off + 5 > p->l3_end)
+		return p->first_fragment;
+	q = data + off;
+	if ((void *)(q + 5) > end || !(q[0] & 0x80))
+		return 0;
+	version = (__u32)q[1] << 24 | (__u32)q[2] << 16 | (__u32)q[3] << 8 | q[4];
+	type = (q[0] >> 4) & 3;
+	if (version == QUIC_V2)
+		return type == 1;
+	return (version == QUIC_V1 || (version & QUIC_DRAFT_MASK) == QUIC_DRAFT) && type == 0;
+}
+
+/* Whether rule r applies to the packet: a +syn, +tls-hello or
+ * +quic-initial limit takes those packets only. */
 static __always_inline int rl_applies(struct xdp_md *ctx, struct packet *p,
 				      const struct rl_rule *r)
 {
@@ -319,6 +355,8 @@ static __always_inline int rl_applies(struct xdp_md *ctx, struct packet *p,
 		return rl_is_syn(p);
 	if (r->flags & RL_F_TLS_HELLO)
 		return rl_is_tls_hello(ctx, p);
+	if (r->flags & RL_F_QUIC_INITIAL)
+		return rl_is_quic_initial(ctx, p);
 	return 1;
 }
 
@@ -528,8 +566,9 @@ static __always_inline void hh_count(const struct packet *p, __u32 len, int drop
 }
 
 /* Takes the rules of scope slot s for the kinds that have none yet, if
- * they apply to the packet: a packet a +syn or +tls-hello limit does not
- * take falls to the next wider scope. */
+ * they apply to the packet: a packet that a limit narrowed to SYNs, TLS
+ * ClientHellos or QUIC Initials does not take falls to the next wider
+ * scope. */
 static __always_inline void rl_choose(struct xdp_md *ctx, struct packet *p,
 				      const struct rl_slot *s, __u32 *src, struct rl_rule **src_r,
 				      __u32 *bud, struct rl_rule **bud_r)

@@ -69,6 +69,7 @@ enum rl_kind {
 enum rl_rule_flags {
 	RL_F_SYN_ONLY = 1,  /* TCP SYNs (no ACK) only */
 	RL_F_TLS_HELLO = 2, /* TCP segments that open a TLS ClientHello only */
+	RL_F_QUIC_INITIAL = 4, /* UDP datagrams that open with a QUIC Initial packet only */
 };
 
 /* What lets a source that has no bucket get one. A flood from random

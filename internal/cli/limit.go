@@ -73,9 +73,10 @@ func newLimitCmd(g *globals) *cobra.Command {
 		Long: "A source limit gives every source address (IPv6: every /64, or --ipv6-prefix) a token bucket; " +
 			"a budget gives the whole scope one bucket, whatever the sources. A scope is all, a protocol " +
 			"(tcp, udp, icmp, icmpv6) or PROTO/PORT[-PORT] (udp/53, icmp/echo-request), with +syn for TCP SYNs " +
-			"only or +tls-hello for TCP segments that open a TLS ClientHello only. For each kind the most specific " +
-			"scope whose limit takes the packet decides: packets a +syn or +tls-hello limit does not take fall to " +
-			"the next wider scope. Allowlisted sources are never limited.",
+			"only, +tls-hello for TCP segments that open a TLS ClientHello only, or +quic-initial for UDP datagrams " +
+			"that open with a QUIC Initial packet only. For each kind the most specific scope whose limit takes the " +
+			"packet decides: packets a narrowed limit does not take fall to the next wider scope. Allowlisted " +
+			"sources are never limited.",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
@@ -109,6 +110,7 @@ func newLimitAddCmd(g *globals) *cobra.Command {
 			"  moat limit add budget udp/53 --pps 50k\n" +
 			"  moat limit add budget tcp/443+syn --pps 20k\n" +
 			"  moat limit add source tcp/443+tls-hello --pps 20 --burst 40 --block 10m\n" +
+			"  moat limit add budget udp/443+quic-initial --pps 50k\n" +
 			"  moat limit add source icmp/echo-request --pps 10 --bps 100k",
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {

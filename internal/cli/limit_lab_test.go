@@ -208,6 +208,50 @@ func TestLabLimits(t *testing.T) {
 		}
 	})
 
+	t.Run("a spoofed QUIC Initial flood is held to its budget; other datagrams to the port pass", func(t *testing.T) {
+		sl.t = t
+		const budget, burst = 2000, 400
+		scope := fmt.Sprintf("udp/%d+quic-initial", udp2.port)
+		sl.mustMoat("limit", "add", "budget", scope, "--pps", fmt.Sprint(budget), "--burst", fmt.Sprint(burst))
+		defer sl.mustMoat("limit", "remove", "budget", scope)
+
+		var wg sync.WaitGroup
+		var legit []string
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				legit = append(legit, sl.sendUDPFrom(sl.lab.Client, udp2))
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		res := sl.floodFrom(flood.Config{Kind: flood.KindQUICInitial, Sources: netip.MustParsePrefix("10.0.0.0/8"),
+			DstPort: udp2.port, Rate: 10 * budget, Duration: 2 * time.Second})
+		wg.Wait()
+		lost := 0
+		for _, p := range legit {
+			if !udp2.waitFor(p, passWait) {
+				lost++
+			}
+		}
+		if lost > 0 {
+			t.Errorf("%d of %d ordinary datagrams to the port were lost", lost, len(legit))
+		}
+		st := sl.limitStatus("budget " + scope)
+		want := budget*res.Elapsed.Seconds() + burst
+		t.Logf("flood sent %d Initials at %.0f pps in %v; budget passed %d (want %.0f), dropped %d",
+			res.Sent, res.PPS, res.Elapsed, st.Stats.Passed, want, st.Stats.Dropped)
+		if res.PPS < 4*budget {
+			t.Fatalf("the flood reached only %.0f pps: nothing to measure", res.PPS)
+		}
+		if !within(float64(st.Stats.Passed), want, 0.10) {
+			t.Errorf("the budget let %d Initials through, want %.0f within 10%%", st.Stats.Passed, want)
+		}
+		if got := st.Stats.Passed + st.Stats.Dropped; got != res.Sent {
+			t.Errorf("the budget saw %d packets, the flood sent %d Initials (and the client's datagrams are not Initials)", got, res.Sent)
+		}
+	})
+
 	t.Run("an auto-block expires on time", func(t *testing.T) {
 		sl.t = t
 		scope := fmt.Sprintf("udp/%d", udp.port)

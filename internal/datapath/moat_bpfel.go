@@ -256,8 +256,9 @@ type MoatRlRule struct {
 type MoatRlRuleFlags uint32
 
 const (
-	MoatRlRuleFlagsRL_F_SYN_ONLY  MoatRlRuleFlags = 1
-	MoatRlRuleFlagsRL_F_TLS_HELLO MoatRlRuleFlags = 2
+	MoatRlRuleFlagsRL_F_SYN_ONLY     MoatRlRuleFlags = 1
+	MoatRlRuleFlagsRL_F_TLS_HELLO    MoatRlRuleFlags = 2
+	MoatRlRuleFlagsRL_F_QUIC_INITIAL MoatRlRuleFlags = 4
 )
 
 type MoatRlRuleStats struct {

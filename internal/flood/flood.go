@@ -119,7 +119,7 @@ func (cfg Config) Validate() error { return cfg.validate() }
 
 func (cfg *Config) validate() error {
 	switch cfg.Kind {
-	case KindSYN, KindACK, KindUDP, KindICMP, KindSYNRandomPort, KindTLSHello:
+	case KindSYN, KindACK, KindUDP, KindICMP, KindSYNRandomPort, KindTLSHello, KindQUICInitial:
 	case "":
 		return errors.New("no attack kind given")
 	default:

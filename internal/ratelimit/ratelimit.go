@@ -4,12 +4,13 @@
 // whatever the sources, heavy-hitter sampling and attack-shape counters.
 //
 // A limit has a kind (source or budget) and a scope: all traffic, one
-// protocol, or a protocol with a port (ICMP type) range, optionally TCP
-// SYNs only (+syn) or TCP segments that open a TLS ClientHello only
-// (+tls-hello). For each kind the most specific scope whose limit takes
-// the packet decides: a port range over a whole protocol over all
-// traffic. A packet that a +syn or +tls-hello limit does not take falls to
-// the next wider scope.
+// protocol, or a protocol with a port (ICMP type) range, optionally
+// narrowed to one kind of packet (Packets): TCP SYNs (+syn), TCP segments
+// that open a TLS ClientHello (+tls-hello), UDP datagrams that open with a
+// QUIC Initial packet (+quic-initial). For each kind the most specific
+// scope whose limit takes the packet decides: a port range over a whole
+// protocol over all traffic. A packet that a narrowed limit does not take
+// falls to the next wider scope.
 //
 // Everything works on a Maps value, which the CLI gets from the pinned
 // state (FromShield) and a daemon can get the same way; Apply makes the
@@ -76,8 +77,29 @@ type Scope struct {
 	Class      rules.Class
 	WholeClass bool
 	From, To   uint16
-	SYN        bool // TCP SYNs without ACK only
-	TLSHello   bool // TCP segments that open a TLS ClientHello only
+	Only       Packets // the packets of the scope the limit takes
+}
+
+// Packets narrows a scope to one kind of packet: a "+…" suffix.
+type Packets uint8
+
+const (
+	AnyPackets   Packets = iota
+	SYNs                 // +syn: TCP SYNs without ACK
+	TLSHellos            // +tls-hello: TCP segments that open a TLS ClientHello
+	QUICInitials         // +quic-initial: UDP datagrams that open with a QUIC Initial packet
+)
+
+// packetKinds describes each Packets value but AnyPackets: its suffix,
+// the protocol it is for, and its flag in the data path's rule.
+var packetKinds = map[Packets]struct {
+	suffix string
+	class  rules.Class
+	flag   datapath.MoatRlRuleFlags
+}{
+	SYNs:         {"+syn", rules.TCP, datapath.MoatRlRuleFlagsRL_F_SYN_ONLY},
+	TLSHellos:    {"+tls-hello", rules.TCP, datapath.MoatRlRuleFlagsRL_F_TLS_HELLO},
+	QUICInitials: {"+quic-initial", rules.UDP, datapath.MoatRlRuleFlagsRL_F_QUIC_INITIAL},
 }
 
 // classSlot is the index in the class scope table; RL_CLASS_ALL for All.
@@ -98,29 +120,25 @@ func (s Scope) String() string {
 	default:
 		b = rules.PortSpec{Class: s.Class, From: s.From, To: s.To}.String()
 	}
-	if s.SYN {
-		b += "+syn"
-	}
-	if s.TLSHello {
-		b += "+tls-hello"
-	}
-	return b
+	return b + packetKinds[s.Only].suffix
 }
 
 // ParseScope reads "all", a protocol ("udp", "tcp", "icmp", "icmpv6") or a
 // port rule's PROTO/PORT[-PORT] ("udp/53", "icmp/echo-request"); a
 // "+syn" suffix restricts a TCP scope to SYNs, "+tls-hello" to segments
-// that open a TLS ClientHello.
+// that open a TLS ClientHello, "+quic-initial" a UDP scope to datagrams
+// that open with a QUIC Initial packet.
 func ParseScope(text string) (Scope, error) {
 	var s Scope
 	t := strings.ToLower(strings.TrimSpace(text))
-	if rest, ok := strings.CutSuffix(t, "+syn"); ok {
-		s.SYN, t = true, rest
-	} else if rest, ok := strings.CutSuffix(t, "+tls-hello"); ok {
-		s.TLSHello, t = true, rest
+	for only, k := range packetKinds {
+		if rest, ok := strings.CutSuffix(t, k.suffix); ok {
+			s.Only, t = only, rest
+			break
+		}
 	}
 	if strings.Contains(t, "+") {
-		return Scope{}, fmt.Errorf("invalid scope %q: one qualifier at most, +syn or +tls-hello", text)
+		return Scope{}, fmt.Errorf("invalid scope %q: one qualifier at most, +syn, +tls-hello or +quic-initial", text)
 	}
 	switch t {
 	case "all", "any", "*":
@@ -140,11 +158,8 @@ func ParseScope(text string) (Scope, error) {
 		}
 		s.Class, s.From, s.To = spec.Class, spec.From, spec.To
 	}
-	if s.SYN && (s.All || s.Class != rules.TCP) {
-		return Scope{}, fmt.Errorf("invalid scope %q: +syn is for TCP scopes only", text)
-	}
-	if s.TLSHello && (s.All || s.Class != rules.TCP) {
-		return Scope{}, fmt.Errorf("invalid scope %q: +tls-hello is for TCP scopes only", text)
+	if k, ok := packetKinds[s.Only]; ok && (s.All || s.Class != k.class) {
+		return Scope{}, fmt.Errorf("invalid scope %q: %s is for %s scopes only", text, k.suffix, strings.ToUpper(k.class.String()))
 	}
 	return s, nil
 }
@@ -296,12 +311,7 @@ func (l Limit) ruleValue() datapath.MoatRlRule {
 		r.ByteTolerance = hi<<(64-fpShift) | lo>>fpShift
 	}
 	r.Kind = uint8(l.Kind)
-	switch {
-	case l.Scope.SYN:
-		r.Flags = uint8(datapath.MoatRlRuleFlagsRL_F_SYN_ONLY)
-	case l.Scope.TLSHello:
-		r.Flags = uint8(datapath.MoatRlRuleFlagsRL_F_TLS_HELLO)
-	}
+	r.Flags = uint8(packetKinds[l.Scope.Only].flag)
 	if l.Kind == Source {
 		r.V6Prefix = uint8(l.IPv6Prefix)
 		r.BlockNs = uint64(l.Block)
@@ -369,8 +379,11 @@ func limitOf(r datapath.MoatRlRule) Limit {
 	default:
 		l.Scope.Class, l.Scope.From, l.Scope.To = rules.Class(r.Class), r.PortFrom, r.PortTo
 	}
-	l.Scope.SYN = r.Flags&uint8(datapath.MoatRlRuleFlagsRL_F_SYN_ONLY) != 0
-	l.Scope.TLSHello = !l.Scope.SYN && r.Flags&uint8(datapath.MoatRlRuleFlagsRL_F_TLS_HELLO) != 0
+	for only, k := range packetKinds {
+		if r.Flags&uint8(k.flag) != 0 {
+			l.Scope.Only = only
+		}
+	}
 	if r.PktInterval > 0 {
 		l.PPS = roundDiv(uint64(1e9)<<fpShift, r.PktInterval)
 		l.BurstPackets = r.PktTolerance / max(1, r.PktInterval>>fpShift)
@@ -430,11 +443,7 @@ func scopeOrder(s Scope) uint64 {
 	case s.WholeClass:
 		return 1<<40 | uint64(s.Class)<<20
 	}
-	o := 2<<40 | uint64(s.Class)<<20 | uint64(s.From)<<1
-	if s.SYN {
-		o |= 1
-	}
-	return o
+	return 2<<40 | uint64(s.Class)<<20 | uint64(s.From)<<2 | uint64(s.Only)
 }
 
 // Maps are the pinned maps of the mitigation.

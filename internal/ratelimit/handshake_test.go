@@ -128,6 +128,90 @@ func TestTLSHelloScope(t *testing.T) {
 	}
 }
 
+// quicLong returns a QUIC long-header packet padded to size bytes, as a
+// client's first datagram is (RFC 9000 14.1): first byte b0, version,
+// 8-byte connection ids, no token, a 4-byte packet number.
+func quicLong(b0 byte, version uint32, size int) []byte {
+	b := []byte{b0, byte(version >> 24), byte(version >> 16), byte(version >> 8), byte(version)}
+	b = append(b, 8, 1, 2, 3, 4, 5, 6, 7, 8, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0)
+	rest := size - len(b) - 2
+	b = append(b, 0x40|byte(rest>>8), byte(rest), 0, 0, 0, 1)
+	return append(b, make([]byte, size-len(b))...)
+}
+
+// TestQUICInitialScope runs datagrams of every shape through a
+// +quic-initial budget: those it takes are held to its burst, the others
+// all pass.
+func TestQUICInitialScope(t *testing.T) {
+	f := newFilter(t)
+	defaults := ratelimit.Config{Shape: true, HeavyHitters: true, Sample: 1, Gate: ratelimit.GateSketch}
+	src6 := netip.MustParseAddr("2001:db8:1::7")
+	dgram := func(payload []byte) testpkt.UDP {
+		return testpkt.UDP{SrcPort: 50000, DstPort: 443, Payload: payload}
+	}
+	v4 := func(payload []byte) []byte { return testpkt.UDPv4(src4, dst4, dgram(payload)) }
+	frame := func(fr testpkt.Frame) []byte {
+		b, err := fr.Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	initial := quicLong(0xc3, 1, 1200)
+
+	for _, c := range []struct {
+		name    string
+		pkt     []byte
+		initial bool
+	}{
+		{"v1 Initial, IPv4", v4(initial), true},
+		{"v1 Initial, IPv6", testpkt.UDPv6(src6, dst6, dgram(initial)), true},
+		{"v1 Initial, VLAN", frame(testpkt.Frame{Tags: testpkt.VLAN(7), Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: dgram(initial)}), true},
+		{"v1 Initial behind IPv6 extension headers", frame(testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, Ext: []testpkt.IPv6Ext{testpkt.HopByHop{}}}, L4: dgram(initial)}), true},
+		{"v1 Initial with the fixed bit clear", v4(quicLong(0x83, 1, 1200)), true},
+		{"v1 Initial shorter than a client may send", v4(quicLong(0xc3, 1, 100)), true},
+		{"v2 Initial (type 1)", v4(quicLong(0xd3, 0x6b3343cf, 1200)), true},
+		{"draft-29 Initial", v4(quicLong(0xc3, 0xff00001d, 1200)), true},
+		{"a first IPv4 fragment with 3 bytes of UDP payload", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, MF: true}, L4: testpkt.UDP{SrcPort: 50000, DstPort: 443, Payload: []byte{0xc3, 0, 0}, Length: 1208}}), true},
+
+		{"v1 0-RTT (type 1)", v4(quicLong(0xd3, 1, 1200)), false},
+		{"v1 Handshake (type 2)", v4(quicLong(0xe3, 1, 1200)), false},
+		{"v1 Retry (type 3)", v4(quicLong(0xf0, 1, 1200)), false},
+		{"v2 with type 0 (its 0-RTT)", v4(quicLong(0xc3, 0x6b3343cf, 1200)), false},
+		{"version negotiation", v4(quicLong(0xc3, 0, 1200)), false},
+		{"an unknown version", v4(quicLong(0xc3, 0x1a2a3a4a, 1200)), false},
+		{"a short-header packet", v4(append([]byte{0x43}, make([]byte, 1199)...)), false},
+		{"4 bytes of payload", v4([]byte{0xc3, 0, 0, 0}), false},
+		{"an Initial to another port", testpkt.UDPv4(src4, dst4, testpkt.UDP{SrcPort: 50000, DstPort: 444, Payload: initial}), false},
+		{"an Initial's bytes in TCP to 443", testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, SrcPort: 50000, DstPort: 443, Payload: initial[:1000]}), false},
+		{"a non-first fragment of an Initial", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, FragOff: 3, Protocol: testpkt.ProtoUDP}, L4: testpkt.Payload{Proto: testpkt.ProtoUDP, Data: initial[:64]}}), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f.reset(defaults)
+			f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp/443+quic-initial"), PPS: 1, BurstPackets: 5})
+			want := 20
+			if c.initial {
+				want = 5
+			}
+			if got := f.send(c.pkt, 20); got != want {
+				t.Errorf("%d of 20 passed, want %d", got, want)
+			}
+		})
+	}
+
+	t.Run("other datagrams fall to the udp budget", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp/443+quic-initial"), PPS: 1, BurstPackets: 2})
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 6})
+		if got := f.send(v4(initial), 20); got != 2 {
+			t.Errorf("Initials: %d of 20 passed, want the Initial budget's 2", got)
+		}
+		if got := f.send(v4(quicLong(0xe3, 1, 1200)), 20); got != 6 {
+			t.Errorf("Handshake packets: %d of 20 passed, want the udp budget's 6", got)
+		}
+	})
+}
+
 // TestQualifiedScopesFallThrough checks that a packet a +tls-hello or +syn
 // limit does not take meets the next wider limit, and that a source over
 // its ClientHello limit is blocked with a reason that names it.
@@ -193,20 +277,26 @@ func TestQualifiedScopesFallThrough(t *testing.T) {
 	})
 }
 
-// BenchmarkTLSHelloCost reports the ns per packet a +tls-hello limit adds
-// to a TCP segment to its port, against the same segment with no limit,
-// in one run. Run with
+// BenchmarkHandshakeLimitCost reports the ns per packet that a
+// +tls-hello or +quic-initial limit adds to a packet to its port, against
+// the same packet with no limit, in one run. Run with
 //
-//	go test -run '^$' -bench TLSHelloCost -benchtime 1x ./internal/ratelimit/
-func BenchmarkTLSHelloCost(b *testing.B) {
+//	go test -run '^$' -bench HandshakeLimitCost -benchtime 1x ./internal/ratelimit/
+func BenchmarkHandshakeLimitCost(b *testing.B) {
 	f := newFilter(b)
 	off := ratelimit.Config{Gate: ratelimit.GateSample}
 	seg := func(payload []byte) []byte {
 		return testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, PSH: true, SrcPort: 40000, DstPort: 443, Payload: payload})
 	}
+	dgram := func(payload []byte) []byte {
+		return testpkt.UDPv4(src4, dst4, testpkt.UDP{SrcPort: 50000, DstPort: 443, Payload: payload})
+	}
 	data := seg(append([]byte{23, 3, 3, 0, 100}, make([]byte, 100)...))
 	hello := seg(clientHello(b))
-	budget := ratelimit.Limit{Kind: ratelimit.Budget, Scope: mustScope("tcp/443+tls-hello"), PPS: 1000}
+	short := dgram(append([]byte{0x43}, make([]byte, 100)...))
+	initial := dgram(quicLong(0xc3, 1, 1200))
+	helloBudget := ratelimit.Limit{Kind: ratelimit.Budget, Scope: mustScope("tcp/443+tls-hello"), PPS: 1000}
+	initialBudget := ratelimit.Limit{Kind: ratelimit.Budget, Scope: mustScope("udp/443+quic-initial"), PPS: 1000}
 	wide := ratelimit.Limit{Kind: ratelimit.Budget, Scope: mustScope("tcp"), PPS: 1e8}
 	const reps = 2_000_000
 	measure := func(pkt []byte, limits ...ratelimit.Limit) float64 {
@@ -221,21 +311,23 @@ func BenchmarkTLSHelloCost(b *testing.B) {
 		return float64(d) / float64(time.Nanosecond)
 	}
 	var out strings.Builder
-	fmt.Fprintf(&out, "%-58s %8s %8s\n", "segment to tcp/443, limits", "ns/pkt", "added")
+	fmt.Fprintf(&out, "%-62s %8s %8s\n", "packet to port 443, limits", "ns/pkt", "added")
 	for round := 0; round < 2; round++ {
-		bd, bh := measure(data), measure(hello)
+		bd, bh, bs, bi := measure(data), measure(hello), measure(short), measure(initial)
 		for _, r := range []struct {
 			name     string
 			ns, base float64
 		}{
-			{"data segment, hello budget (not a hello: passes)", measure(data, budget), bd},
-			{"data segment, a tcp budget alone", measure(data, wide), bd},
-			{"data segment, hello budget and a tcp budget (falls through)", measure(data, budget, wide), bd},
-			{"ClientHello, hello budget (over it: dropped)", measure(hello, budget), bh},
+			{"TCP data segment, hello budget (not a hello: passes)", measure(data, helloBudget), bd},
+			{"TCP data segment, a tcp budget alone", measure(data, wide), bd},
+			{"TCP data segment, hello budget and a tcp budget (falls through)", measure(data, helloBudget, wide), bd},
+			{"ClientHello, hello budget (over it: dropped)", measure(hello, helloBudget), bh},
+			{"QUIC short-header datagram, Initial budget (passes)", measure(short, initialBudget), bs},
+			{"QUIC Initial, Initial budget (over it: dropped)", measure(initial, initialBudget), bi},
 		} {
-			fmt.Fprintf(&out, "%-58s %8.1f %+8.1f\n", r.name, r.ns, r.ns-r.base)
+			fmt.Fprintf(&out, "%-62s %8.1f %+8.1f\n", r.name, r.ns, r.ns-r.base)
 		}
-		fmt.Fprintf(&out, "%-58s %8.1f / %.1f\n", "baseline data / ClientHello, no limit", bd, bh)
+		fmt.Fprintf(&out, "%-62s %8.1f / %.1f / %.1f / %.1f\n", "no limit: data / ClientHello / short / Initial", bd, bh, bs, bi)
 	}
 	b.Log("\n" + out.String())
 }
