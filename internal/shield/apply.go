@@ -26,14 +26,17 @@ func (r ApplyResult) Changed() bool {
 // ListDiff is what it takes to make a list hold a wanted set of entries.
 type ListDiff struct {
 	Write                     []Entry        // the new entries and the changed ones
-	Stale                     []netip.Prefix // held but not wanted
+	Stale                     []netip.Prefix // held but not wanted, auto-blocks left out
 	Added, Updated, Unchanged int
+	AutoKept                  int // auto-blocks held but not wanted: kept until they expire
 }
 
 // DiffList compares the entries a list holds (as Entries returns them) with
 // the wanted ones. An entry held with the same expiry and comment is
 // unchanged and is not written: writing it again would restart its hit
-// counter. Both sides are walked in prefix order (address, then length);
+// counter. An auto-block that a rate limit wrote is never stale: it is
+// the data path's, not the rules', and lasts until it expires (or an
+// unblock). Both sides are walked in prefix order (address, then length);
 // have is in that order already, and want is sorted, in a copy, if it is
 // not. want must not name a prefix twice (Ruleset.Validate refuses that).
 func DiffList(have []Entry, want []rules.PrefixEntry) ListDiff {
@@ -72,7 +75,11 @@ func DiffList(have []Entry, want []rules.PrefixEntry) ListDiff {
 			d.Added++
 			i++
 		case c > 0: // held, not wanted
-			d.Stale = append(d.Stale, have[j].Prefix)
+			if have[j].Auto {
+				d.AutoKept++
+			} else {
+				d.Stale = append(d.Stale, have[j].Prefix)
+			}
 			j++
 		default:
 			if want[i].Comment != have[j].Comment || !SameExpiry(want[i].Expires, have[j].Expires) {

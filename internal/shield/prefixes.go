@@ -37,6 +37,7 @@ type Entry struct {
 	Expires time.Time // zero: never
 	Comment string
 	Hits    uint64
+	Auto    bool // written by the data path: a rate limit's auto-block
 
 	expiresNs uint64 // the stored deadline, CLOCK_BOOTTIME
 }
@@ -942,7 +943,8 @@ func (s *Shield) Entries(l List) ([]Entry, error) {
 	out := make([]Entry, len(rs))
 	now, bootNs := time.Now(), bootNow()
 	for i, r := range rs {
-		out[i] = Entry{Prefix: r.prefix, Hits: r.rule.Hits, Expires: wallDeadline(r.rule.ExpiresNs, now, bootNs), expiresNs: r.rule.ExpiresNs}
+		out[i] = Entry{Prefix: r.prefix, Hits: r.rule.Hits, Expires: wallDeadline(r.rule.ExpiresNs, now, bootNs),
+			Auto: r.rule.Flags&2 != 0, expiresNs: r.rule.ExpiresNs} // RULE_F_AUTO
 		if r.rule.Flags&1 != 0 {
 			out[i].Comment = comments[r.prefix]
 		}

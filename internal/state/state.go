@@ -1,5 +1,5 @@
 // Package state keeps the rules added while the daemon runs (through the
-// API, the CLI or auto-block) in a file, so that they survive a restart of
+// API or the CLI) in a file, so that they survive a restart of
 // the daemon and a reboot of the host. The file is replaced atomically: a
 // crash at any moment leaves either the old file or the new one, whole.
 package state

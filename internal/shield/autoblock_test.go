@@ -1,0 +1,74 @@
+package shield_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+// TestReplaceKeepsAutoBlocks: an entry a rate limit wrote (RULE_F_AUTO) is
+// the data path's, so making the denylist equal to a ruleset, as a daemon
+// reload and `moat import --replace` do, leaves it in place, while a rule
+// the ruleset no longer names goes.
+func TestReplaceKeepsAutoBlocks(t *testing.T) {
+	s := openFresh(t)
+	if err := s.Add(shield.DenyList, entries("198.51.100.7/32", "203.0.113.0/24"), shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	auto := netip.MustParseAddr("198.51.100.9")
+	// As the data path's auto-block writes it: a host entry that expires,
+	// flagged auto.
+	v := datapath.MoatPrefixRule{Prefixlen: 32, Flags: 2, ExpiresNs: bootNs(t) + 600e9}
+	if err := s.Map(datapath.MoatMapDenyV4Hosts).Put(datapath.MoatHostV4{Addr: auto.As4()}, v); err != nil {
+		t.Fatal(err)
+	}
+	es, err := s.Entries(shield.DenyList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := shield.DiffList(es, []rules.PrefixEntry{{Prefix: netip.MustParsePrefix("203.0.113.0/24")}})
+	if len(d.Stale) != 1 || d.Stale[0] != netip.MustParsePrefix("198.51.100.7/32") || d.AutoKept != 1 {
+		t.Errorf("diff: stale %v, %d auto-blocks kept; want only 198.51.100.7/32 stale and 1 kept", d.Stale, d.AutoKept)
+	}
+
+	for _, replace := range []func() error{
+		func() error {
+			_, err := s.Apply(&rules.Ruleset{Deny: []rules.PrefixEntry{{Prefix: netip.MustParsePrefix("203.0.113.0/24")}}}, true)
+			return err
+		},
+		func() error { _, err := s.ReplaceList(shield.DenyList, nil); return err },
+	} {
+		if err := replace(); err != nil {
+			t.Fatal(err)
+		}
+		es, err := s.Entries(shield.DenyList)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept := false
+		for _, e := range es {
+			if e.Prefix == netip.PrefixFrom(auto, 32) {
+				kept = e.Auto
+			}
+			if e.Prefix == netip.MustParsePrefix("198.51.100.7/32") {
+				t.Errorf("the rule no longer wanted is still held")
+			}
+		}
+		if !kept {
+			t.Errorf("the auto-block of %v was removed: %+v", auto, es)
+		}
+	}
+}
+
+func bootNs(t *testing.T) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
+}
