@@ -613,11 +613,15 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 	/* The clock is read only when a rule or a sample needs it: with no
 	 * rule in scope a packet never pays for it (packet_now). */
 	set = bpf_map_lookup_elem(&rl_settings, &zero);
-	if (p->has_l4)
-		class = port_class(p);
+	/* A protocol's limits take all of its packets, non-first fragments
+	 * and headers cut short among them: the IP header names the protocol.
+	 * Port scopes need the port. */
+	class = port_class(p);
 	if (class >= 0) {
-		idx = ((__u32)class << 16) | p->dport;
-		rl_choose(ctx, p, bpf_map_lookup_elem(&rl_port_scopes, &idx), &src, &src_r, &bud, &bud_r);
+		if (p->has_l4) {
+			idx = ((__u32)class << 16) | p->dport;
+			rl_choose(ctx, p, bpf_map_lookup_elem(&rl_port_scopes, &idx), &src, &src_r, &bud, &bud_r);
+		}
 		idx = class;
 		rl_choose(ctx, p, bpf_map_lookup_elem(&rl_class_scopes, &idx), &src, &src_r, &bud, &bud_r);
 	}

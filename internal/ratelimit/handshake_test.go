@@ -251,6 +251,39 @@ func TestQualifiedScopesFallThrough(t *testing.T) {
 		}
 	})
 
+	t.Run("non-first fragments meet their protocol's limits, not a port's", func(t *testing.T) {
+		f.reset(defaults)
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp/53"), PPS: 1, BurstPackets: 3})
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 5})
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "icmp"), PPS: 1, BurstPackets: 4})
+		frag := func(proto uint8) []byte {
+			b, err := testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, FragOff: 185, Protocol: proto},
+				L4: testpkt.Payload{Proto: proto, Data: make([]byte, 1400)}}.Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		frag6, err := testpkt.Frame{Net: testpkt.IPv6{Src: netip.MustParseAddr("2001:db8:1::7"), Dst: dst6,
+			Ext: []testpkt.IPv6Ext{testpkt.Fragment{Offset: 185, ID: 3}}},
+			L4: testpkt.Payload{Proto: testpkt.ProtoUDP, Data: make([]byte, 1200)}}.Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.send(frag(testpkt.ProtoUDP), 20); got != 5 {
+			t.Errorf("UDP fragments: %d of 20 passed, want the udp budget's 5", got)
+		}
+		if got := f.send(frag6, 20); got != 0 {
+			t.Errorf("IPv6 UDP fragments: %d of 20 passed, want the spent udp budget's 0", got)
+		}
+		if got := f.send(frag(testpkt.ProtoICMP), 20); got != 4 {
+			t.Errorf("ICMP fragments: %d of 20 passed, want the icmp limit's 4", got)
+		}
+		if got := f.send(frag(testpkt.ProtoTCP), 20); got != 20 {
+			t.Errorf("TCP fragments: %d of 20 passed, want all: no TCP limit", got)
+		}
+	})
+
 	t.Run("a source over its ClientHello limit is blocked", func(t *testing.T) {
 		f.reset(defaults)
 		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "tcp/443+tls-hello"), PPS: 20, BurstPackets: 3, Block: ratelimit.Duration(time.Minute)})
