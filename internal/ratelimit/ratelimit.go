@@ -277,6 +277,14 @@ func (l *Limit) Validate() error {
 	if l.BPS > 0 && l.BurstBytes < minBurstBytes {
 		return fmt.Errorf("%s limit %s: byte burst %d is below one %d-byte frame", l.Kind, l.Scope, l.BurstBytes, minBurstBytes)
 	}
+	// An hour of the rate keeps the bucket's tolerance far from wrapping
+	// in the data path's 64-bit nanoseconds.
+	if most := l.PPS * maxBurstSeconds; l.PPS > 0 && l.BurstPackets > most {
+		return fmt.Errorf("%s limit %s: burst %d is more than an hour of the rate (at most %d)", l.Kind, l.Scope, l.BurstPackets, most)
+	}
+	if most := l.BPS / 8 * maxBurstSeconds; l.BPS > 0 && l.BurstBytes > most {
+		return fmt.Errorf("%s limit %s: byte burst %d is more than an hour of the rate (at most %d)", l.Kind, l.Scope, l.BurstBytes, most)
+	}
 	return nil
 }
 
@@ -423,6 +431,9 @@ func (e *UserError) Unwrap() error { return e.Err }
 func userErrorf(format string, args ...any) error {
 	return &UserError{fmt.Errorf(format, args...)}
 }
+
+// maxBurstSeconds bounds a burst to an hour of its rate.
+const maxBurstSeconds = 3600
 
 // sortLimits orders limits by kind, then scope from general to specific.
 func sortLimits[T any](xs []T, lim func(T) Limit) {
