@@ -36,7 +36,10 @@ struct rl_exported_types {
 const struct rl_exported_types *unused_rl_exported_types __attribute__((unused));
 
 /* Takes cost units from the bucket at *tat: 1 if they conform. A packet
- * that does not conform leaves the bucket as it was (no debt). */
+ * that does not conform leaves the bucket as it was (no debt). A packet
+ * that costs more than the whole burst (a frame longer than the byte
+ * burst, a GRO frame in generic mode) is charged the burst: it passes when
+ * the bucket is full and empties it, where it could never conform. */
 static __always_inline int rl_take(__u64 *tat, __u64 now, __u64 interval, __u64 tolerance,
 				   __u64 cost)
 {
@@ -46,6 +49,8 @@ static __always_inline int rl_take(__u64 *tat, __u64 now, __u64 interval, __u64 
 
 	if (!interval)
 		return 1;
+	if (inc > tolerance && tolerance)
+		inc = tolerance;
 #pragma unroll
 	for (i = 0; i < RL_CAS_TRIES; i++) {
 		old = *(volatile __u64 *)tat;

@@ -277,8 +277,11 @@ func Apply(m Maps, limits []Limit) error {
 			fresh = append(fresh, l)
 		}
 	}
-	// New limits that do not collide with an old one go in first.
-	var later []Limit
+	// New limits that do not collide with an old one go in first, so that
+	// no traffic goes unlimited between the old limits and the new; when
+	// the old and the new would not fit in the rule ids together, the old
+	// go first.
+	var first, later []Limit
 	for _, l := range fresh {
 		collides := false
 		for _, s := range st {
@@ -288,7 +291,15 @@ func Apply(m Maps, limits []Limit) error {
 		}
 		if collides {
 			later = append(later, l)
-		} else if err := m.Add(l, false); err != nil {
+		} else {
+			first = append(first, l)
+		}
+	}
+	if len(st)+len(first) > MaxRules {
+		later, first = append(first, later...), nil
+	}
+	for _, l := range first {
+		if err := m.Add(l, false); err != nil {
 			return err
 		}
 	}

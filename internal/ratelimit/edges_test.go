@@ -1,0 +1,69 @@
+package ratelimit_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/ratelimit"
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+// TestFrameLongerThanTheByteBurst: a frame longer than a limit's byte
+// burst passes when the bucket is full, and empties it. It used to be
+// dropped whatever the bucket held, and its source blocked on its first
+// packet.
+func TestFrameLongerThanTheByteBurst(t *testing.T) {
+	f := newFilter(t)
+	f.reset(ratelimit.Config{Gate: ratelimit.GateNone})
+	f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), BPS: 100_000, BurstBytes: 1518,
+		Block: ratelimit.Duration(time.Minute)})
+	big, err := testpkt.Frame{Tags: testpkt.QinQ(1, 2), Net: testpkt.IPv4{Src: src4, Dst: dst4},
+		L4: testpkt.UDP{SrcPort: 1, DstPort: 53, Payload: make([]byte, 1472)}}.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(big) <= 1518 {
+		t.Fatalf("frame of %d bytes: want one longer than the burst", len(big))
+	}
+	if got := f.send(big, 1); got != 1 {
+		t.Fatalf("the first %d-byte frame of a source was dropped", len(big))
+	}
+	// The bucket is empty now: at 12,500 bytes a second the next one is
+	// over the limit, and the source is blocked.
+	if got := f.send(big, 3); got != 0 {
+		t.Errorf("%d of 3 frames passed an empty bucket", got)
+	}
+	if d := f.dropsFor(datapath.MoatVerdictReasonREASON_RATELIMIT); d != 1 {
+		t.Errorf("rate-limit drops %d, want 1 (then the denylist)", d)
+	}
+}
+
+// TestApplyOfManyNewLimits: a config whose limits are all new, with as
+// many old ones stored, does not fit in the rule ids side by side; the old
+// go first and the new all land, where Apply used to stop part way.
+func TestApplyOfManyNewLimits(t *testing.T) {
+	f := newFilter(t)
+	f.reset(ratelimit.Config{Gate: ratelimit.GateSample})
+	set := func(base int) []ratelimit.Limit {
+		var ls []ratelimit.Limit
+		for i := 0; i < 130; i++ {
+			ls = append(ls, ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, fmt.Sprintf("udp/%d", base+i)), PPS: 100})
+		}
+		return ls
+	}
+	if err := ratelimit.Apply(f.rl, set(1000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ratelimit.Apply(f.rl, set(2000)); err != nil {
+		t.Fatalf("apply of 130 new limits over 130 old: %v", err)
+	}
+	st, err := f.rl.Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 130 || st[0].Scope.String() != "udp/2000" || st[129].Scope.String() != "udp/2129" {
+		t.Errorf("%d limits stored, from %v to %v; want udp/2000 to udp/2129", len(st), st[0].Scope, st[len(st)-1].Scope)
+	}
+}
