@@ -39,17 +39,18 @@ const (
 
 // Config is a whole configuration file.
 type Config struct {
-	Interfaces []Interface  `yaml:"interfaces"`
-	Allow      []PrefixRule `yaml:"allow"`
-	Deny       []PrefixRule `yaml:"deny"`
-	Lists      []ListFile   `yaml:"lists"`
-	Ports      []PortRule   `yaml:"ports"`
-	Policy     Policy       `yaml:"policy"`
-	SYN        SYN          `yaml:"syn"`
-	Limits     []Limit      `yaml:"limits"`
-	Metrics    Metrics      `yaml:"metrics"`
-	Capture    Capture      `yaml:"capture"`
-	Daemon     Daemon       `yaml:"daemon"`
+	Interfaces []Interface   `yaml:"interfaces"`
+	Allow      []PrefixRule  `yaml:"allow"`
+	Deny       []PrefixRule  `yaml:"deny"`
+	Lists      []ListFile    `yaml:"lists"`
+	Ports      []PortRule    `yaml:"ports"`
+	Policy     Policy        `yaml:"policy"`
+	SYN        SYN           `yaml:"syn"`
+	Limits     []Limit       `yaml:"limits"`
+	LimitSet   LimitSettings `yaml:"limit_settings"`
+	Metrics    Metrics       `yaml:"metrics"`
+	Capture    Capture       `yaml:"capture"`
+	Daemon     Daemon        `yaml:"daemon"`
 
 	// File is the path the config was read from.
 	File string `yaml:"-"`
@@ -182,6 +183,37 @@ type Metrics struct {
 
 // On tells whether metrics are served.
 func (m Metrics) On() bool { return m.Enabled == nil || *m.Enabled }
+
+// LimitSettings are the switches of `moat limit config`. A key left out
+// leaves its switch as the pinned state holds it.
+type LimitSettings struct {
+	Shape        *bool   `yaml:"shape"`         // count the attack shape
+	HeavyHitters *bool   `yaml:"heavy_hitters"` // sample packets for heavy hitters
+	Sample       *uint32 `yaml:"sample"`        // 1 packet in this many (a power of two, up to 65536)
+	Gate         string  `yaml:"gate"`          // sample, sketch or none
+}
+
+// Apply sets the switches the settings name in c.
+func (ls LimitSettings) Apply(c ratelimit.Config) ratelimit.Config {
+	if ls.Shape != nil {
+		c.Shape = *ls.Shape
+	}
+	if ls.HeavyHitters != nil {
+		c.HeavyHitters = *ls.HeavyHitters
+	}
+	if ls.Sample != nil {
+		c.Sample = *ls.Sample
+	}
+	if g, err := ratelimit.ParseGate(ls.Gate); ls.Gate != "" && err == nil {
+		c.Gate = g
+	}
+	return c
+}
+
+// Given tells whether any switch is named.
+func (ls LimitSettings) Given() bool {
+	return ls.Shape != nil || ls.HeavyHitters != nil || ls.Sample != nil || ls.Gate != ""
+}
 
 // Capture bounds what `moat dump` may copy out of the data path.
 type Capture struct {
@@ -484,6 +516,14 @@ func (c *Config) check(e *errs) {
 	}
 	if len(c.Limits) > ratelimit.MaxRules {
 		key("limits", "%d limits: at most %d", len(c.Limits), ratelimit.MaxRules)
+	}
+	if n := c.LimitSet.Sample; n != nil && (*n == 0 || *n&(*n-1) != 0 || *n > 1<<16) {
+		key("limit_settings.sample", "%d: want a power of two from 1 to 65536", *n)
+	}
+	if g := c.LimitSet.Gate; g != "" {
+		if _, err := ratelimit.ParseGate(g); err != nil {
+			key("limit_settings.gate", "invalid gate %q: want sample, sketch or none", g)
+		}
 	}
 
 	if c.Metrics.On() {

@@ -80,6 +80,9 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"limit twice", "limits:\n  - {kind: source, scope: udp/53, pps: 10}\n  - {kind: source, scope: udp/53, pps: 20}\n", 3, "given twice (first at line 2)"},
 		{"limits overlap", "limits:\n  - {kind: source, scope: udp/53, pps: 10}\n  - {kind: source, scope: udp/50-60, pps: 20}\n", 3, "source limits on udp/50-60 and udp/53 (line 2) overlap"},
 		{"unknown limit key", "limits:\n  - kind: source\n    scope: udp/53\n    pps: 10\n    rate: 10\n", 5, `unknown key "rate"`},
+		{"limit sample not a power of two", "limit_settings:\n  sample: 100\n", 2, "limit_settings.sample: 100: want a power of two"},
+		{"limit gate", "limit_settings:\n  gate: sometimes\n", 2, `limit_settings.gate: invalid gate "sometimes"`},
+		{"unknown limit setting", "limit_settings:\n  gates: none\n", 2, `unknown key "gates"`},
 		{"two documents", "interfaces: []\n---\ndeny: []\n", 2, "one YAML document"},
 	}
 	for _, tc := range tests {
