@@ -402,5 +402,38 @@ func (m Maps) Configure(c Config) error {
 	for s := c.Sample; s > 1; s >>= 1 {
 		v.HhSample++
 	}
-	return m.Settings.Put(uint32(0), v)
+	old, err := m.Config()
+	if err != nil {
+		return err
+	}
+	if err := m.Settings.Put(uint32(0), v); err != nil {
+		return err
+	}
+	// Heavy-hitter counts are samples, scaled by the rate they were taken
+	// at when read: counts of another rate would read wrong, and moat top
+	// would take the change for a reset. They start over.
+	if old.Sample != c.Sample {
+		return m.forgetHeavyHitters()
+	}
+	return nil
+}
+
+// forgetHeavyHitters empties the heavy-hitter table.
+func (m Maps) forgetHeavyHitters() error {
+	var keys []datapath.MoatRlSrcKey
+	var k datapath.MoatRlSrcKey
+	var v []byte
+	it := m.HHSources.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read heavy hitters: %w", err)
+	}
+	for _, k := range keys {
+		if err := m.HHSources.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("clear heavy hitters: %w", err)
+		}
+	}
+	return nil
 }

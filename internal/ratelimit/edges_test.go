@@ -67,3 +67,39 @@ func TestApplyOfManyNewLimits(t *testing.T) {
 		t.Errorf("%d limits stored, from %v to %v; want udp/2000 to udp/2129", len(st), st[0].Scope, st[len(st)-1].Scope)
 	}
 }
+
+// TestSampleChangeForgetsHeavyHitters: heavy-hitter counts are read
+// scaled by the current sample rate, so a change of the rate starts them
+// over; any other change of the switches keeps them.
+func TestSampleChangeForgetsHeavyHitters(t *testing.T) {
+	f := newFilter(t)
+	cfg := ratelimit.Config{HeavyHitters: true, Sample: 1, Gate: ratelimit.GateSample}
+	f.reset(cfg)
+	count := func() int {
+		t.Helper()
+		hh, err := f.rl.HeavyHitters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(hh)
+	}
+	// Every packet is sampled; a source enters the table at its second.
+	f.send(udp4(src4, 53), 4)
+	if count() != 1 {
+		t.Fatalf("%d heavy hitters after 4 sampled packets of one source, want 1", count())
+	}
+	cfg.Shape = true
+	if err := f.rl.Configure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if count() != 1 {
+		t.Errorf("turning the shape on dropped the heavy hitters")
+	}
+	cfg.Sample = 64
+	if err := f.rl.Configure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Errorf("%d heavy hitters after the sample changed, want none", n)
+	}
+}

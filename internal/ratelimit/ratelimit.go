@@ -258,10 +258,10 @@ func (l *Limit) Validate() error {
 	}
 	if l.Kind == Budget {
 		if l.Block != 0 {
-			return fmt.Errorf("budget %s: --block is for source limits (a budget has no source to block)", l.Scope)
+			return fmt.Errorf("budget %s: a block time is for source limits (a budget has no source to block)", l.Scope)
 		}
 		if l.IPv6Prefix != 0 {
-			return fmt.Errorf("budget %s: --ipv6-prefix is for source limits", l.Scope)
+			return fmt.Errorf("budget %s: an IPv6 prefix length is for source limits", l.Scope)
 		}
 	}
 	if l.IPv6Prefix < 0 || l.IPv6Prefix > 128 {
