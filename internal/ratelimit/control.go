@@ -132,6 +132,15 @@ func (m Maps) Add(l Limit, replace bool) error {
 // install writes a new rule: its state and counters are reset and the
 // rule is in place before any scope slot points at it.
 func (m Maps) install(id uint16, l Limit) error {
+	if err := m.prepare(id, l); err != nil {
+		return err
+	}
+	return m.setSlots(l, id)
+}
+
+// prepare writes a new rule with fresh state and counters, and no slot
+// pointing at it yet.
+func (m Maps) prepare(id uint16, l Limit) error {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		return err
@@ -148,7 +157,7 @@ func (m Maps) install(id uint16, l Limit) error {
 	if err := m.Rules.Put(uint32(id), l.ruleValue()); err != nil {
 		return fmt.Errorf("write limit %d: %w", id, err)
 	}
-	return m.setSlots(l, id)
+	return nil
 }
 
 // forgetSources drops the buckets a former rule with this id left behind.
@@ -173,13 +182,23 @@ func (m Maps) forgetSources(id uint16) error {
 	return nil
 }
 
-// setSlots points the scope's slots for the limit's kind at id (0 clears).
-func (m Maps) setSlots(l Limit, id uint16) error {
+// setSlots points the scope's slots for the limit's kind at id.
+func (m Maps) setSlots(l Limit, id uint16) error { return m.writeSlots(l, 0, id, false) }
+
+// clearSlots clears the scope's slots for the limit's kind where they
+// still point at id: a slot a new limit took over already is left to it.
+func (m Maps) clearSlots(l Limit, id uint16) error { return m.writeSlots(l, id, 0, true) }
+
+// writeSlots writes id into the scope's slots for the limit's kind; with
+// onlyFrom, only into those that hold from.
+func (m Maps) writeSlots(l Limit, from, id uint16, onlyFrom bool) error {
 	set := func(s *datapath.MoatRlSlot) {
+		p := &s.Budget
 		if l.Kind == Source {
-			s.Source = id
-		} else {
-			s.Budget = id
+			p = &s.Source
+		}
+		if !onlyFrom || *p == from {
+			*p = id
 		}
 	}
 	sc := l.Scope
@@ -227,9 +246,14 @@ func (m Maps) Remove(kind Kind, scope Scope) error {
 // remove clears the slots before the rule, so the data path never follows
 // a slot to an empty rule.
 func (m Maps) remove(s stored) error {
-	if err := m.setSlots(s.lim, 0); err != nil {
+	if err := m.clearSlots(s.lim, s.id); err != nil {
 		return err
 	}
+	return m.retire(s)
+}
+
+// retire deletes a rule no slot points at, and its buckets.
+func (m Maps) retire(s stored) error {
 	if err := m.Rules.Put(uint32(s.id), datapath.MoatRlRule{}); err != nil {
 		return fmt.Errorf("delete limit %d: %w", s.id, err)
 	}
@@ -238,8 +262,10 @@ func (m Maps) remove(s stored) error {
 
 // Apply makes the stored limits equal to limits, as a config reload does.
 // Every limit is validated before anything changes. Limits whose kind and
-// scope are stored already are updated in place and new ones are added
-// before old ones go, so a scope that keeps a limit never goes without one.
+// scope are stored already are updated in place, new ones are added
+// before old ones go, and a new limit that overlaps an old one takes over
+// its slots in one write, so a scope that keeps a limit never goes without
+// one.
 func Apply(m Maps, limits []Limit) error {
 	want := make([]Limit, len(limits))
 	copy(want, limits)
@@ -303,14 +329,58 @@ func Apply(m Maps, limits []Limit) error {
 			return err
 		}
 	}
+	// A new limit that takes an old one's slots is written whole under a
+	// free id, then its slots point at it, which moves every slot the two
+	// share from the old rule to the new in one write; only then are the
+	// old limits' other slots cleared. Limits that find no free id go in
+	// after the old ones are gone.
+	now, err := m.stored()
+	if err != nil {
+		return err
+	}
+	used := map[uint16]bool{}
+	for _, s := range now {
+		used[s.id] = true
+	}
+	var moved []stored
+	var rest []Limit
+	for _, l := range later {
+		id := uint16(0)
+		for i := uint16(1); i <= MaxRules && id == 0; i++ {
+			if !used[i] {
+				id = i
+			}
+		}
+		if id == 0 {
+			rest = append(rest, l)
+			continue
+		}
+		used[id] = true
+		if err := m.prepare(id, l); err != nil {
+			return err
+		}
+		moved = append(moved, stored{id: id, lim: l})
+	}
+	for _, n := range moved {
+		if err := m.setSlots(n.lim, n.id); err != nil {
+			return err
+		}
+	}
 	for _, s := range st {
 		if !kept[s.id] {
-			if err := m.remove(s); err != nil {
+			if err := m.clearSlots(s.lim, s.id); err != nil {
 				return err
 			}
 		}
 	}
-	for _, l := range later {
+	for _, s := range st {
+		if !kept[s.id] {
+			if err := m.retire(s); err != nil {
+				return err
+			}
+		}
+	}
+	for _, l := range rest {
 		if err := m.Add(l, false); err != nil {
 			return err
 		}

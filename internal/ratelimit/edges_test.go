@@ -103,3 +103,63 @@ func TestSampleChangeForgetsHeavyHitters(t *testing.T) {
 		t.Errorf("%d heavy hitters after the sample changed, want none", n)
 	}
 }
+
+// TestScopeChangeLeavesNoGap: a config that widens a limit's scope
+// (udp/53 to udp/50-60) moves the shared slot from the old rule to the
+// new in one write. A reader of the slot never finds it empty, where the
+// old order cleared it and spent a scan of the source buckets before the
+// new rule took it.
+func TestScopeChangeLeavesNoGap(t *testing.T) {
+	f := newFilter(t)
+	f.reset(ratelimit.Config{Gate: ratelimit.GateSample})
+	old := ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp/53"), PPS: 100}
+	wide := ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp/50-60"), PPS: 200}
+	slot := uint32(datapath.MoatPortClassPORT_CLASS_UDP)<<16 | 53
+	for round := 0; round < 20; round++ {
+		from, to := old, wide
+		if round%2 == 1 {
+			from, to = wide, old
+		}
+		if err := ratelimit.Apply(f.rl, []ratelimit.Limit{from}); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		empty := make(chan int, 1)
+		go func() {
+			n := 0
+			for {
+				select {
+				case <-stop:
+					empty <- n
+					return
+				default:
+				}
+				var s datapath.MoatRlSlot
+				if err := f.rl.PortScopes.Lookup(slot, &s); err == nil && s.Source == 0 {
+					n++
+				}
+			}
+		}()
+		err := ratelimit.Apply(f.rl, []ratelimit.Limit{to})
+		close(stop)
+		if n := <-empty; n > 0 {
+			t.Fatalf("round %d, %s to %s: the udp/53 slot was read empty %d times", round, from.Scope, to.Scope, n)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := f.rl.Limits()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st) != 1 || st[0].Scope != to.Scope {
+			t.Fatalf("round %d: stored %+v, want only %s", round, st, to.Scope)
+		}
+	}
+	// The last round narrowed udp/50-60 to udp/53: the slots only the wide
+	// limit had are cleared.
+	var s datapath.MoatRlSlot
+	if err := f.rl.PortScopes.Lookup(uint32(datapath.MoatPortClassPORT_CLASS_UDP)<<16|50, &s); err != nil || s.Source != 0 {
+		t.Errorf("udp/50 slot %+v, %v: want it cleared", s, err)
+	}
+}
