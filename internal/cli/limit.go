@@ -63,7 +63,10 @@ func parseRate(flag, s string) (uint64, error) {
 	if err != nil || v < 0 || v*mult > 1<<50 {
 		return 0, usagef("invalid --%s %q: want a number with an optional k, M or G", flag, s)
 	}
-	return uint64(v*mult + 0.5), nil
+	if n := uint64(v*mult + 0.5); n > 0 || v == 0 {
+		return n, nil
+	}
+	return 0, usagef("invalid --%s %q: at least 1", flag, s)
 }
 
 func newLimitCmd(g *globals) *cobra.Command {

@@ -267,7 +267,7 @@ func TestLabLimits(t *testing.T) {
 				comment = e.Comment
 			}
 		}
-		if !strings.HasPrefix(comment, "auto-block: ") {
+		if !strings.HasPrefix(comment, "auto-block on ") {
 			t.Fatalf("moat list has no auto-block entry for %v: %+v", src, rs.Deny)
 		}
 		expires := sl.denyExpiry(src.Addr())

@@ -63,6 +63,7 @@ func TestLimitCommands(t *testing.T) {
 		{"two qualifiers", []string{"limit", "add", "source", "tcp/443+syn+tls-hello", "--pps", "1"}, "one qualifier at most"},
 		{"hello limit over a port limit", []string{"limit", "add", "source", "tcp/8443", "--pps", "1"}, "overlaps"},
 		{"bad rate", []string{"limit", "add", "source", "udp", "--pps", "lots"}, "invalid --pps"},
+		{"rate below one", []string{"limit", "add", "source", "udp", "--pps", "0.4"}, `invalid --pps "0.4": at least 1`},
 		{"burst that would wrap", []string{"limit", "add", "source", "all", "--pps", "1", "--burst", "18446744074"}, "more than an hour of the rate"},
 		{"byte burst that would wrap", []string{"limit", "add", "source", "tcp", "--bps", "8k", "--burst-bytes", "1125899906842624"}, "more than an hour of the rate"},
 		{"block on budget", []string{"limit", "add", "budget", "udp", "--pps", "1", "--block", "1m"}, "source limits"},

@@ -450,7 +450,7 @@ func TestLimits(t *testing.T) {
 		if err := f.coll.Maps[datapath.MoatMapComments].Lookup(ck, &c); err != nil {
 			t.Fatalf("no comment: %v", err)
 		}
-		if txt := cString(c.Text[:]); !strings.HasPrefix(txt, "auto-block: over 100pps per source on udp") {
+		if txt := cString(c.Text[:]); !strings.HasPrefix(txt, "auto-block on udp: over 100pps per source") {
 			t.Errorf("comment %q", txt)
 		}
 		ls, err := f.rl.Limits()

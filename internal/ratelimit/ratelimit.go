@@ -324,7 +324,7 @@ func (l Limit) ruleValue() datapath.MoatRlRule {
 		r.V6Prefix = uint8(l.IPv6Prefix)
 		r.BlockNs = uint64(l.Block)
 		r.TrackPkts = trackPackets(l)
-		setText(&r.Reason, "auto-block: over "+l.rateText()+" per source on "+l.Scope.String())
+		setText(&r.Reason, "auto-block on "+l.Scope.String()+": over "+l.rateText()+" per source")
 	}
 	r.Class = uint8(l.Scope.classSlot())
 	if l.Scope.All || l.Scope.WholeClass {
