@@ -83,6 +83,31 @@ func (sl *shieldLab) sendUDPFrom(h *lab.Host, sink *udpSink) string {
 	return payload
 }
 
+// clientDatagrams has the client send 100 datagrams to sink at 50 a
+// second in the background; the function it returns waits for the last
+// and tells how many of those sent never arrived.
+func (sl *shieldLab) clientDatagrams(sink *udpSink) func() (lost, sent int) {
+	var wg sync.WaitGroup
+	var legit []string
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 100; i++ {
+			legit = append(legit, sl.sendUDPFrom(sl.lab.Client, sink))
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return func() (lost, sent int) {
+		wg.Wait()
+		for _, p := range legit {
+			if !sink.waitFor(p, passWait) {
+				lost++
+			}
+		}
+		return lost, len(legit)
+	}
+}
+
 // denyExpiry reads the deadline (CLOCK_BOOTTIME ns) of a denied host.
 func (sl *shieldLab) denyExpiry(a netip.Addr) uint64 {
 	sl.t.Helper()
@@ -130,30 +155,15 @@ func TestLabLimits(t *testing.T) {
 		defer sl.mustMoat("limit", "remove", "source", "udp")
 
 		// The client sends 100 datagrams at 50 per second during the flood.
-		var wg sync.WaitGroup
-		var legit []string
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 100; i++ {
-				legit = append(legit, sl.sendUDPFrom(sl.lab.Client, udp))
-				time.Sleep(20 * time.Millisecond)
-			}
-		}()
+		lostOf := sl.clientDatagrams(udp)
 		res := sl.floodFrom(flood.Config{Kind: flood.KindUDP, Sources: netip.MustParsePrefix("198.19.7.7/32"),
 			DstPort: udp.port, Rate: 4 * limit, Duration: 3 * time.Second})
-		wg.Wait()
-		lost := 0
-		for _, p := range legit {
-			if !udp.waitFor(p, passWait) {
-				lost++
-			}
-		}
+		lost, legit := lostOf()
 		if lost > 0 {
-			t.Errorf("the client below its limit lost %d of %d datagrams", lost, len(legit))
+			t.Errorf("the client below its limit lost %d of %d datagrams", lost, legit)
 		}
 		st := sl.limitStatus("source udp")
-		attackerPassed := float64(st.Stats.Passed) - float64(len(legit))
+		attackerPassed := float64(st.Stats.Passed) - float64(legit)
 		want := limit*res.Elapsed.Seconds() + burst
 		t.Logf("flood sent %d at %.0f pps in %v; limit passed %d (attacker %.0f, want %.0f), dropped %d",
 			res.Sent, res.PPS, res.Elapsed, st.Stats.Passed, attackerPassed, want, st.Stats.Dropped)
@@ -163,8 +173,8 @@ func TestLabLimits(t *testing.T) {
 		if !within(attackerPassed, want, 0.10) {
 			t.Errorf("the flooding source got %.0f packets through, want %.0f within 10%%", attackerPassed, want)
 		}
-		if got := st.Stats.Passed + st.Stats.Dropped; got != res.Sent+uint64(len(legit)) {
-			t.Errorf("the limit saw %d packets, the flood and the client sent %d", got, res.Sent+uint64(len(legit)))
+		if got := st.Stats.Passed + st.Stats.Dropped; got != res.Sent+uint64(legit) {
+			t.Errorf("the limit saw %d packets, the flood and the client sent %d", got, res.Sent+uint64(legit))
 		}
 	})
 
@@ -215,27 +225,11 @@ func TestLabLimits(t *testing.T) {
 		sl.mustMoat("limit", "add", "budget", scope, "--pps", fmt.Sprint(budget), "--burst", fmt.Sprint(burst))
 		defer sl.mustMoat("limit", "remove", "budget", scope)
 
-		var wg sync.WaitGroup
-		var legit []string
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 100; i++ {
-				legit = append(legit, sl.sendUDPFrom(sl.lab.Client, udp2))
-				time.Sleep(20 * time.Millisecond)
-			}
-		}()
+		lostOf := sl.clientDatagrams(udp2)
 		res := sl.floodFrom(flood.Config{Kind: flood.KindQUICInitial, Sources: netip.MustParsePrefix("10.0.0.0/8"),
 			DstPort: udp2.port, Rate: 10 * budget, Duration: 2 * time.Second})
-		wg.Wait()
-		lost := 0
-		for _, p := range legit {
-			if !udp2.waitFor(p, passWait) {
-				lost++
-			}
-		}
-		if lost > 0 {
-			t.Errorf("%d of %d ordinary datagrams to the port were lost", lost, len(legit))
+		if lost, sent := lostOf(); lost > 0 {
+			t.Errorf("%d of %d ordinary datagrams to the port were lost", lost, sent)
 		}
 		st := sl.limitStatus("budget " + scope)
 		want := budget*res.Elapsed.Seconds() + burst

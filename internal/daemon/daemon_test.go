@@ -272,7 +272,8 @@ func (e *env) counters() shield.Counters {
 }
 
 // limits reads the stored rate limits.
-func (e *env) limits() []ratelimit.Status {
+// withLimitMaps runs f on the rate-limit maps of the env's root.
+func (e *env) withLimitMaps(f func(ratelimit.Maps) error) {
 	e.t.Helper()
 	s, err := shield.Open(e.root)
 	if err != nil {
@@ -283,10 +284,15 @@ func (e *env) limits() []ratelimit.Status {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	l, err := m.Limits()
-	if err != nil {
+	if err := f(m); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+func (e *env) limits() []ratelimit.Status {
+	e.t.Helper()
+	var l []ratelimit.Status
+	e.withLimitMaps(func(m ratelimit.Maps) (err error) { l, err = m.Limits(); return err })
 	return l
 }
 

@@ -5,25 +5,13 @@ import (
 	"testing"
 
 	"github.com/moat-shield/moat/internal/ratelimit"
-	"github.com/moat-shield/moat/internal/shield"
 )
 
 // limitSettings reads the switches of the env's rate limits.
 func (e *env) limitSettings() ratelimit.Config {
 	e.t.Helper()
-	s, err := shield.Open(e.root)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer s.Close()
-	m, err := ratelimit.NewMaps(s.Map)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	c, err := m.Config()
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	var c ratelimit.Config
+	e.withLimitMaps(func(m ratelimit.Maps) (err error) { c, err = m.Config(); return err })
 	return c
 }
 

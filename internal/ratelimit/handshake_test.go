@@ -41,11 +41,39 @@ func clientHello(tb testing.TB) []byte {
 	return append(hdr, body...)
 }
 
+// scopeCase is a frame and whether a narrowed scope takes it.
+type scopeCase struct {
+	name  string
+	pkt   []byte
+	taken bool
+}
+
+// runScopeTable runs each case's frame 20 times through a budget of 5 on
+// scope: a frame the scope takes is held to the 5, the others all pass.
+func runScopeTable(t *testing.T, f *filter, scopeText string, cases []scopeCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f.reset(ratelimit.Config{Shape: true, HeavyHitters: true, Sample: 1, Gate: ratelimit.GateSketch})
+			// 1 pps: no token comes back while the case runs.
+			f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, scopeText), PPS: 1, BurstPackets: 5})
+			want := 20
+			if c.taken {
+				want = 5
+			}
+			if got := f.send(c.pkt, 20); got != want {
+				t.Errorf("%d of 20 passed, want %d", got, want)
+			}
+			if d, want := f.dropsFor(datapath.MoatVerdictReasonREASON_BUDGET), uint64(20-want); d != want {
+				t.Errorf("budget drops %d, want %d", d, want)
+			}
+		})
+	}
+}
+
 // TestTLSHelloScope runs segments of every shape through a +tls-hello
 // budget: those it takes are held to its burst, the others all pass.
 func TestTLSHelloScope(t *testing.T) {
 	f := newFilter(t)
-	defaults := ratelimit.Config{Shape: true, HeavyHitters: true, Sample: 1, Gate: ratelimit.GateSketch}
 	hello := clientHello(t)
 	src6 := netip.MustParseAddr("2001:db8:1::7")
 	seg := func(payload []byte) testpkt.TCP {
@@ -75,11 +103,7 @@ func TestTLSHelloScope(t *testing.T) {
 	sslv2ish := append([]byte{22, 2, 0, 0, 40, 1}, make([]byte, 39)...)
 	record35 := append([]byte{22, 3, 5, 0, 40, 1}, make([]byte, 39)...)
 
-	for _, c := range []struct {
-		name  string
-		pkt   []byte
-		hello bool
-	}{
+	runScopeTable(t, f, "tcp/443+tls-hello", []scopeCase{
 		{"ClientHello, IPv4", v4(seg(hello)), true},
 		{"ClientHello, IPv6", testpkt.TCPv6(src6, dst6, seg(hello)), true},
 		{"ClientHello, VLAN", frame(testpkt.Frame{Tags: testpkt.VLAN(7), Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: seg(hello)}), true},
@@ -109,23 +133,7 @@ func TestTLSHelloScope(t *testing.T) {
 		{"a ClientHello to another port", testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, SrcPort: 40000, DstPort: 444, Payload: hello}), false},
 		{"a ClientHello in UDP to 443", testpkt.UDPv4(src4, dst4, testpkt.UDP{SrcPort: 40000, DstPort: 443, Payload: hello}), false},
 		{"a non-first fragment of a ClientHello", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, FragOff: 3, Protocol: testpkt.ProtoTCP}, L4: testpkt.Payload{Proto: testpkt.ProtoTCP, Data: hello[:64]}}), false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			f.reset(defaults)
-			// 1 pps: no token comes back while the case runs.
-			f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "tcp/443+tls-hello"), PPS: 1, BurstPackets: 5})
-			want := 20
-			if c.hello {
-				want = 5
-			}
-			if got := f.send(c.pkt, 20); got != want {
-				t.Errorf("%d of 20 passed, want %d", got, want)
-			}
-			if d, want := f.dropsFor(datapath.MoatVerdictReasonREASON_BUDGET), uint64(20-want); d != want {
-				t.Errorf("budget drops %d, want %d", d, want)
-			}
-		})
-	}
+	})
 }
 
 // quicLong returns a QUIC long-header packet padded to size bytes, as a
@@ -159,11 +167,7 @@ func TestQUICInitialScope(t *testing.T) {
 	}
 	initial := quicLong(0xc3, 1, 1200)
 
-	for _, c := range []struct {
-		name    string
-		pkt     []byte
-		initial bool
-	}{
+	runScopeTable(t, f, "udp/443+quic-initial", []scopeCase{
 		{"v1 Initial, IPv4", v4(initial), true},
 		{"v1 Initial, IPv6", testpkt.UDPv6(src6, dst6, dgram(initial)), true},
 		{"v1 Initial, VLAN", frame(testpkt.Frame{Tags: testpkt.VLAN(7), Net: testpkt.IPv4{Src: src4, Dst: dst4}, L4: dgram(initial)}), true},
@@ -185,19 +189,7 @@ func TestQUICInitialScope(t *testing.T) {
 		{"an Initial to another port", testpkt.UDPv4(src4, dst4, testpkt.UDP{SrcPort: 50000, DstPort: 444, Payload: initial}), false},
 		{"an Initial's bytes in TCP to 443", testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, SrcPort: 50000, DstPort: 443, Payload: initial[:1000]}), false},
 		{"a non-first fragment of an Initial", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, FragOff: 3, Protocol: testpkt.ProtoUDP}, L4: testpkt.Payload{Proto: testpkt.ProtoUDP, Data: initial[:64]}}), false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			f.reset(defaults)
-			f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp/443+quic-initial"), PPS: 1, BurstPackets: 5})
-			want := 20
-			if c.initial {
-				want = 5
-			}
-			if got := f.send(c.pkt, 20); got != want {
-				t.Errorf("%d of 20 passed, want %d", got, want)
-			}
-		})
-	}
+	})
 
 	t.Run("other datagrams fall to the udp budget", func(t *testing.T) {
 		f.reset(defaults)
