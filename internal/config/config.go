@@ -39,18 +39,18 @@ const (
 
 // Config is a whole configuration file.
 type Config struct {
-	Interfaces []Interface   `yaml:"interfaces"`
-	Allow      []PrefixRule  `yaml:"allow"`
-	Deny       []PrefixRule  `yaml:"deny"`
-	Lists      []ListFile    `yaml:"lists"`
-	Ports      []PortRule    `yaml:"ports"`
-	Policy     Policy        `yaml:"policy"`
-	SYN        SYN           `yaml:"syn"`
-	Limits     []Limit       `yaml:"limits"`
-	LimitSet   LimitSettings `yaml:"limit_settings"`
-	Metrics    Metrics       `yaml:"metrics"`
-	Capture    Capture       `yaml:"capture"`
-	Daemon     Daemon        `yaml:"daemon"`
+	Interfaces    []Interface   `yaml:"interfaces"`
+	Allow         []PrefixRule  `yaml:"allow"`
+	Deny          []PrefixRule  `yaml:"deny"`
+	Lists         []ListFile    `yaml:"lists"`
+	Ports         []PortRule    `yaml:"ports"`
+	Policy        Policy        `yaml:"policy"`
+	SYN           SYN           `yaml:"syn"`
+	Limits        []Limit       `yaml:"limits"`
+	LimitSettings LimitSettings `yaml:"limit_settings"`
+	Metrics       Metrics       `yaml:"metrics"`
+	Capture       Capture       `yaml:"capture"`
+	Daemon        Daemon        `yaml:"daemon"`
 
 	// File is the path the config was read from.
 	File string `yaml:"-"`
@@ -517,10 +517,10 @@ func (c *Config) check(e *errs) {
 	if len(c.Limits) > ratelimit.MaxRules {
 		key("limits", "%d limits: at most %d", len(c.Limits), ratelimit.MaxRules)
 	}
-	if n := c.LimitSet.Sample; n != nil && (*n == 0 || *n&(*n-1) != 0 || *n > 1<<16) {
+	if n := c.LimitSettings.Sample; n != nil && (*n == 0 || *n&(*n-1) != 0 || *n > 1<<16) {
 		key("limit_settings.sample", "%d: want a power of two from 1 to 65536", *n)
 	}
-	if g := c.LimitSet.Gate; g != "" {
+	if g := c.LimitSettings.Gate; g != "" {
 		if _, err := ratelimit.ParseGate(g); err != nil {
 			key("limit_settings.gate", "invalid gate %q: want sample, sketch or none", g)
 		}

@@ -227,12 +227,12 @@ func (d *Daemon) applyLimits(s *shield.Shield, cfg *config.Config) error {
 	if err := ratelimit.Apply(m, cfg.RateLimits()); err != nil {
 		return fmt.Errorf("limits: %w", err)
 	}
-	if cfg.LimitSet.Given() {
+	if cfg.LimitSettings.Given() {
 		cur, err := m.Config()
 		if err != nil {
 			return fmt.Errorf("limit settings: %w", err)
 		}
-		if err := m.Configure(cfg.LimitSet.Apply(cur)); err != nil {
+		if err := m.Configure(cfg.LimitSettings.Apply(cur)); err != nil {
 			return fmt.Errorf("limit settings: %w", err)
 		}
 	}
