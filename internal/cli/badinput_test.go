@@ -122,6 +122,7 @@ func TestBadInput(t *testing.T) {
 		{"export --list of JSON", []string{"export", "--list", "allow"}, "--list picks the list of --format plain"},
 		{"stats watch too fast", []string{"stats", "--watch", "1ms"}, "--watch"},
 		{"export bad format", []string{"export", "--format", "xml"}, "--format"},
+		{"flood quic-initial without a port", []string{"flood", "--kind", "quic-initial", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--src", "198.19.0.0/16", "--count", "1"}, "needs a destination port"},
 		{"flood unknown kind", []string{"flood", "--kind", "smurf", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--dst-port", "9", "--src", "198.19.0.0/16", "--count", "1"}, "kind"},
 		{"flood bad source", []string{"flood", "--kind", "udp", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--dst-port", "9", "--src", "198.19.0.0/33", "--count", "1"}, "src"},
 		{"flood out of loopback", []string{"flood", "--kind", "udp", "--iface", "lo", "--dst-mac", "02:00:00:00:00:01", "--dst", "198.18.2.1", "--dst-port", "9", "--src", "198.19.0.0/16", "--count", "1"}, "lab tool"},

@@ -517,8 +517,10 @@ func (c *Config) check(e *errs) {
 	if len(c.Limits) > ratelimit.MaxRules {
 		key("limits", "%d limits: at most %d", len(c.Limits), ratelimit.MaxRules)
 	}
-	if n := c.LimitSettings.Sample; n != nil && (*n == 0 || *n&(*n-1) != 0 || *n > 1<<16) {
-		key("limit_settings.sample", "%d: want a power of two from 1 to 65536", *n)
+	if n := c.LimitSettings.Sample; n != nil {
+		if err := ratelimit.CheckSample(*n); err != nil {
+			key("limit_settings.sample", "%v", err)
+		}
 	}
 	if g := c.LimitSettings.Gate; g != "" {
 		if _, err := ratelimit.ParseGate(g); err != nil {

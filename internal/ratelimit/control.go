@@ -162,21 +162,28 @@ func (m Maps) prepare(id uint16, l Limit) error {
 
 // forgetSources drops the buckets a former rule with this id left behind.
 func (m Maps) forgetSources(id uint16) error {
-	var k datapath.MoatRlSrcKey
-	var v datapath.MoatRlSrcState
-	var stale []datapath.MoatRlSrcKey
-	it := m.Sources.Iterate()
+	return deleteKeys(m.Sources, "source buckets", func(k datapath.MoatRlSrcKey) bool { return k.Rule == id })
+}
+
+// deleteKeys deletes the keys of m that match, read in one pass first: a
+// map changed while it is walked may repeat or skip keys. what names the
+// map in errors.
+func deleteKeys[K any](m *ebpf.Map, what string, match func(K) bool) error {
+	var k K
+	var v []byte
+	var found []K
+	it := m.Iterate()
 	for it.Next(&k, &v) {
-		if k.Rule == id {
-			stale = append(stale, k)
+		if match(k) {
+			found = append(found, k)
 		}
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read source buckets: %w", err)
+		return fmt.Errorf("read %s: %w", what, err)
 	}
-	for _, k := range stale {
-		if err := m.Sources.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
+	for _, k := range found {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("clear %s: %w", what, err)
 		}
 	}
 	return nil
@@ -437,6 +444,15 @@ type Config struct {
 
 const defaultSampleLog2 = 6 // HH_DEFAULT_SAMPLE_LOG2
 
+// CheckSample checks a heavy-hitter sample rate: 1 packet in n, n a power
+// of two from 1 to 65536.
+func CheckSample(n uint32) error {
+	if n == 0 || n&(n-1) != 0 || n > 1<<16 {
+		return fmt.Errorf("%d: want a power of two from 1 to 65536", n)
+	}
+	return nil
+}
+
 // Config reads the switches.
 func (m Maps) Config() (Config, error) {
 	var c datapath.MoatRlConfig
@@ -455,8 +471,8 @@ func (m Maps) Configure(c Config) error {
 	if c.Sample == 0 {
 		c.Sample = 1 << defaultSampleLog2
 	}
-	if c.Sample&(c.Sample-1) != 0 || c.Sample > 1<<16 {
-		return userErrorf("sample %d: want a power of two up to 65536", c.Sample)
+	if err := CheckSample(c.Sample); err != nil {
+		return userErrorf("sample %w", err)
 	}
 	if c.Gate != GateSample && c.Gate != GateSketch && c.Gate != GateNone {
 		return userErrorf("invalid gate %d", c.Gate)
@@ -490,20 +506,5 @@ func (m Maps) Configure(c Config) error {
 
 // forgetHeavyHitters empties the heavy-hitter table.
 func (m Maps) forgetHeavyHitters() error {
-	var keys []datapath.MoatRlSrcKey
-	var k datapath.MoatRlSrcKey
-	var v []byte
-	it := m.HHSources.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read heavy hitters: %w", err)
-	}
-	for _, k := range keys {
-		if err := m.HHSources.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("clear heavy hitters: %w", err)
-		}
-	}
-	return nil
+	return deleteKeys(m.HHSources, "heavy hitters", func(datapath.MoatRlSrcKey) bool { return true })
 }
