@@ -22,6 +22,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/moat-shield/moat/internal/capture"
+	"github.com/moat-shield/moat/internal/feed"
 	"github.com/moat-shield/moat/internal/ratelimit"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
@@ -31,6 +32,7 @@ import (
 // Defaults of the daemon section.
 const (
 	DefaultStateFile   = "/var/lib/moat/state.json"
+	DefaultFeedDir     = "/var/lib/moat/feeds"
 	DefaultSocket      = "/run/moat/moat.sock"
 	DefaultMetricsAddr = "127.0.0.1:9477"
 	DefaultExpireEvery = 10 * time.Second
@@ -50,6 +52,7 @@ type Config struct {
 	LimitSettings LimitSettings `yaml:"limit_settings"`
 	Metrics       Metrics       `yaml:"metrics"`
 	Capture       Capture       `yaml:"capture"`
+	Share         Share         `yaml:"share"`
 	Daemon        Daemon        `yaml:"daemon"`
 
 	// File is the path the config was read from.
@@ -114,12 +117,43 @@ func (p *PrefixRule) decodeNode(n *yaml.Node, path string, e *errs) {
 }
 
 // ListFile is a rule file: a plain list of addresses and CIDRs (ipset and
-// FireHOL netsets) or the JSON that `moat export` writes.
+// FireHOL netsets) or the JSON that `moat export` writes, read from a
+// file at each reload or, for a fleet, fetched from a URL (a feed) every
+// refresh period.
 type ListFile struct {
 	File string `yaml:"file"`
+	URL  string `yaml:"url"`
 	List string `yaml:"list"` // where a plain list goes: deny (default) or allow
-	Line int    `yaml:"-"`
+	// Feeds only.
+	Refresh   time.Duration `yaml:"refresh"`    // default feed.DefaultRefresh
+	CAFile    string        `yaml:"ca_file"`    // the CAs an https server's certificate must come from
+	TokenFile string        `yaml:"token_file"` // a bearer token to send
+	Line      int           `yaml:"-"`
 }
+
+// Feeds are the lists the config fetches from URLs.
+func (c *Config) Feeds() []feed.Source {
+	var out []feed.Source
+	for _, lf := range c.Lists {
+		if lf.URL != "" {
+			out = append(out, feed.Source{URL: lf.URL, List: lf.List, Refresh: lf.Refresh, CAFile: lf.CAFile, TokenFile: lf.TokenFile})
+		}
+	}
+	return out
+}
+
+// Share is the daemon's endpoint that publishes the rules this host made
+// at run time (blocks and allows through the CLI, and rate limits'
+// auto-blocks) for other hosts' feeds.
+type Share struct {
+	Address   string `yaml:"address"`    // HOST:PORT; empty: not shared (default)
+	TokenFile string `yaml:"token_file"` // if set, a request must carry this bearer token
+	CertFile  string `yaml:"cert_file"`  // with key_file: serve https
+	KeyFile   string `yaml:"key_file"`
+}
+
+// On tells whether the rules are shared.
+func (s Share) On() bool { return s.Address != "" }
 
 // PortRule is a protocol/port or ICMP type rule.
 type PortRule struct {
@@ -229,6 +263,7 @@ func (c Capture) On() bool { return c.Enabled == nil || *c.Enabled }
 type Daemon struct {
 	BPFRoot     string        `yaml:"bpffs_root"`
 	StateFile   string        `yaml:"state_file"`
+	FeedDir     string        `yaml:"feed_dir"` // the last good copy of each feed
 	Socket      string        `yaml:"socket"`
 	ExpireEvery time.Duration `yaml:"expire_every"`
 	SampleEvery time.Duration `yaml:"sample_every"`
@@ -329,6 +364,9 @@ func (c *Config) defaults(lines map[string]int) {
 		if c.Lists[i].List == "" {
 			c.Lists[i].List = "deny"
 		}
+		if c.Lists[i].URL != "" && c.Lists[i].Refresh == 0 {
+			c.Lists[i].Refresh = feed.DefaultRefresh
+		}
 	}
 	if c.Metrics.Address == "" {
 		c.Metrics.Address = DefaultMetricsAddr
@@ -342,6 +380,9 @@ func (c *Config) defaults(lines map[string]int) {
 	}
 	if d.StateFile == "" {
 		d.StateFile = DefaultStateFile
+	}
+	if d.FeedDir == "" {
+		d.FeedDir = DefaultFeedDir
 	}
 	if d.Socket == "" {
 		d.Socket = DefaultSocket
@@ -537,9 +578,26 @@ func (c *Config) check(e *errs) {
 		key("capture.max_snaplen", "%d is above %d, the most bytes of a packet moat's data path copies", c.Capture.MaxSnaplen, capture.MaxSnaplen)
 	}
 
+	c.checkFeeds(e)
+	if s := c.Share; s.On() {
+		if err := checkListenAddress(s.Address); err != nil {
+			key("share.address", "%v", err)
+		}
+		if (s.CertFile == "") != (s.KeyFile == "") {
+			key("share", "cert_file and key_file go together: give both to serve https, or neither")
+		}
+		for _, f := range []struct{ key, val string }{{"share.token_file", s.TokenFile}, {"share.cert_file", s.CertFile}, {"share.key_file", s.KeyFile}} {
+			if f.val != "" && !filepath.IsAbs(f.val) {
+				key(f.key, "%q must be an absolute path", f.val)
+			}
+		}
+	} else if s.TokenFile != "" || s.CertFile != "" || s.KeyFile != "" {
+		key("share", "share.address is missing: nothing is shared without it")
+	}
+
 	d := c.Daemon
 	for _, p := range []struct{ key, val string }{
-		{"daemon.bpffs_root", d.BPFRoot}, {"daemon.state_file", d.StateFile}, {"daemon.socket", d.Socket},
+		{"daemon.bpffs_root", d.BPFRoot}, {"daemon.state_file", d.StateFile}, {"daemon.socket", d.Socket}, {"daemon.feed_dir", d.FeedDir},
 	} {
 		if !filepath.IsAbs(p.val) {
 			key(p.key, "%q must be an absolute path", p.val)
@@ -564,6 +622,57 @@ func (c *Config) check(e *errs) {
 	}
 	if d.LogFormat != "text" && d.LogFormat != "json" {
 		key("daemon.log_format", "invalid format %q: want text or json", d.LogFormat)
+	}
+}
+
+// checkFeeds checks the lists fetched from URLs: the URL, the refresh
+// period, and that a file list has no feed keys. The files a feed names
+// (CA, token) must be absolute paths: the daemon reads them long after
+// the config, and the token at every fetch.
+func (c *Config) checkFeeds(e *errs) {
+	seen := map[string]int{}
+	for i, lf := range c.Lists {
+		path := fmt.Sprintf("lists[%d]", i+1)
+		at := func(format string, args ...any) {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: path + ": " + fmt.Sprintf(format, args...)})
+		}
+		if lf.URL == "" {
+			if lf.Refresh != 0 || lf.CAFile != "" || lf.TokenFile != "" {
+				at("refresh, ca_file and token_file are for lists fetched from a url")
+			}
+			continue
+		}
+		if lf.File != "" {
+			at("give file or url, not both")
+			continue
+		}
+		if err := feed.CheckURL(lf.URL); err != nil {
+			at("%v", err)
+			continue
+		}
+		if lf.Refresh < feed.MinRefresh {
+			at("refresh %s is too short; at least %s", lf.Refresh, feed.MinRefresh)
+		}
+		for _, f := range []struct{ key, val string }{{"ca_file", lf.CAFile}, {"token_file", lf.TokenFile}} {
+			if f.val == "" {
+				continue
+			}
+			if !filepath.IsAbs(f.val) {
+				at("%s %q must be an absolute path", f.key, f.val)
+			} else if fi, err := os.Stat(f.val); err != nil {
+				at("%s: %v", f.key, err)
+			} else if !fi.Mode().IsRegular() {
+				at("%s: %s is not a regular file", f.key, f.val)
+			}
+		}
+		if lf.CAFile != "" && !strings.HasPrefix(lf.URL, "https:") {
+			at("ca_file is for an https url")
+		}
+		k := lf.List + " " + lf.URL
+		if first, dup := seen[k]; dup {
+			at("%s is listed twice (first at line %d)", lf.URL, first)
+		}
+		seen[k] = lf.Line
 	}
 }
 
@@ -660,8 +769,11 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: invalid list %q: want deny or allow", path, lf.List)})
 			continue
 		}
+		if lf.URL != "" {
+			continue // a feed: checked in check, its entries come from the daemon
+		}
 		if lf.File == "" {
-			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: missing key \"file\"", path)})
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("%s: missing key \"file\" (or \"url\")", path)})
 			continue
 		}
 		name := lf.File
@@ -715,6 +827,18 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 	rs.Deny = sortUnique(rs.Deny)
 	set.FromFiles = len(rs.Allow) + len(rs.Deny) - inline
 	return set
+}
+
+// RuleSet reads the rule files again and merges them with the inline
+// rules, as Load did: the daemon applies a feed's new copy with the rest
+// of the rules as the applied config gives them.
+func (c *Config) RuleSet() (*Set, error) {
+	var e errs
+	set := c.buildSet(filepath.Dir(c.File), &e)
+	if err := e.result(c.File); err != nil {
+		return nil, err
+	}
+	return set, nil
 }
 
 // sortUnique sorts entries by prefix and keeps the first of each prefix;

@@ -84,6 +84,19 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"limit gate", "limit_settings:\n  gate: sometimes\n", 2, `limit_settings.gate: invalid gate "sometimes"`},
 		{"unknown limit setting", "limit_settings:\n  gates: none\n", 2, `unknown key "gates"`},
 		{"two documents", "interfaces: []\n---\ndeny: []\n", 2, "one YAML document"},
+		{"feed and file", "lists:\n  - file: /etc/hosts\n    url: https://rules.example/deny.txt\n", 2, "give file or url, not both"},
+		{"feed not http", "lists:\n  - url: ftp://rules.example/deny.txt\n", 2, "want an http:// or https:// URL"},
+		{"feed with a password", "lists:\n  - url: https://me:pw@rules.example/deny.txt\n", 2, "put a token in token_file"},
+		{"feed refresh too short", "lists:\n  - url: https://rules.example/deny.txt\n    refresh: 100ms\n", 2, "refresh 100ms is too short; at least 1s"},
+		{"feed relative token", "lists:\n  - url: https://rules.example/deny.txt\n    token_file: token\n", 2, `token_file "token" must be an absolute path`},
+		{"feed missing CA", "lists:\n  - url: https://rules.example/deny.txt\n    ca_file: /nonexistent/ca.pem\n", 2, "ca_file: stat /nonexistent/ca.pem: no such file"},
+		{"feed CA over http", "lists:\n  - url: http://rules.example/deny.txt\n    ca_file: /etc/hostname\n", 2, "ca_file is for an https url"},
+		{"feed twice", "lists:\n  - url: https://rules.example/deny.txt\n  - url: https://rules.example/deny.txt\n", 3, "listed twice (first at line 2)"},
+		{"feed bad list", "lists:\n  - url: https://rules.example/deny.txt\n    list: block\n", 2, `invalid list "block"`},
+		{"share bad address", "share:\n  address: 9478\n", 2, "share.address: \"9478\" is not HOST:PORT"},
+		{"share cert alone", "share:\n  address: 127.0.0.1:9478\n  cert_file: /etc/moat/share.crt\n", 2, "cert_file and key_file go together"},
+		{"share token without address", "share:\n  token_file: /etc/moat/share.token\n", 2, "share.address is missing"},
+		{"relative feed dir", "daemon:\n  feed_dir: feeds\n", 2, "daemon.feed_dir: \"feeds\" must be an absolute path"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -329,6 +342,7 @@ func TestListFilesTheConfigRefuses(t *testing.T) {
 		{"expiries", write("timed.json", `{"deny": [{"prefix": "192.0.2.200/32", "expires": "2020-01-01T00:00:00Z"}, {"prefix": "192.0.2.201/32"}]}`), "holds 1 entries with an expiry; config rules do not expire"},
 		{"settings", write("policy.json", `{"deny": [{"prefix": "192.0.2.0/24"}], "settings": {"fragments": "drop", "malformed": "drop"}}`), "holds policy settings; put them in the policy section"},
 		{"fifo", fifo, "is not a regular file"},
+		{"feed keys", write("plain.txt", "192.0.2.1\n") + "\n    refresh: 1m", "refresh, ca_file and token_file are for lists fetched from a url"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := parseErrors(t, "lists:\n  - file: "+c.file+"\n")
@@ -340,5 +354,30 @@ func TestListFilesTheConfigRefuses(t *testing.T) {
 	// The same file without them is taken.
 	if got := parseErrors(t, "lists:\n  - file: "+write("plain.json", `{"deny": [{"prefix": "192.0.2.0/24"}]}`)+"\n"); got != nil {
 		t.Fatalf("a plain JSON rule file: %q", got)
+	}
+}
+
+// A list fetched from a URL is a feed: the config names it with its
+// defaults, and its entries are not the config's (the daemon adds them).
+func TestFeedsFromTheConfig(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "feed.token")
+	if err := os.WriteFile(token, []byte("t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, set, err := Parse(filepath.Join(dir, "moat.yaml"), []byte("lists:\n  - url: https://rules.example/deny.txt\n  - url: http://10.1.2.3:9478/v1/share\n    list: allow\n    refresh: 10s\n    token_file: "+token+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.Feeds()
+	if len(got) != 2 || got[0].URL != "https://rules.example/deny.txt" || got[0].List != "deny" || got[0].Refresh != time.Minute ||
+		got[1].List != "allow" || got[1].Refresh != 10*time.Second || got[1].TokenFile != token {
+		t.Fatalf("feeds: %+v", got)
+	}
+	if n := len(set.Rules.Allow) + len(set.Rules.Deny); n != 0 || set.FromFiles != 0 {
+		t.Fatalf("the config's set holds %d entries from feeds", n)
+	}
+	if cfg.Daemon.FeedDir != DefaultFeedDir || cfg.Share.On() {
+		t.Fatalf("defaults: feed_dir %q, share %+v", cfg.Daemon.FeedDir, cfg.Share)
 	}
 }

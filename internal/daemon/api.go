@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/moat-shield/moat/internal/config"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/state"
@@ -91,6 +92,9 @@ func (d *Daemon) api() http.Handler {
 	mux.HandleFunc("POST /v1/expire", func(w http.ResponseWriter, r *http.Request) {
 		res, err := d.Expire()
 		reply(w, res, err)
+	})
+	mux.HandleFunc("GET /v1/feeds", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, d.FeedStatus(), nil)
 	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, d.Reload(), nil)
@@ -197,6 +201,8 @@ func (d *Daemon) AddPrefixes(req PrefixRequest) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(entries), d.withShield(func(s *shield.Shield) error {
+		// A prefix a feed holds is in the list already, and refused like
+		// any other: the feed's rule applies.
 		if err := s.Add(l, entries, shield.Strict); err != nil {
 			return err
 		}
@@ -216,7 +222,7 @@ func (d *Daemon) AddPrefixes(req PrefixRequest) (int, error) {
 			// Not persisted: take the change back, so that what the
 			// filter does never depends on a rule a restart would lose.
 			*dyn = saved
-			if rerr := s.RemovePrefixes(l, prefixes); rerr != nil {
+			if rerr := d.dropOverFeeds(s, l, prefixes); rerr != nil {
 				d.log.Error("undo an unsaved change", "err", rerr)
 			}
 			return err
@@ -224,6 +230,44 @@ func (d *Daemon) AddPrefixes(req PrefixRequest) (int, error) {
 		d.log.Info("rules added", "list", l.String(), "count", len(prefixes), "first", prefixes[0], "ttl", req.TTL, "comment", req.Comment)
 		return nil
 	})
+}
+
+// isDynamic tells whether a run-time rule holds p.
+func (d *Daemon) isDynamic(l shield.List, p netip.Prefix) bool {
+	return slices.ContainsFunc(*d.dynamicList(l), func(e rules.PrefixEntry) bool { return e.Prefix == p })
+}
+
+// inConfig tells whether the applied config's inline rules hold p (rule
+// files are not read again for this: an unblock of a prefix only a file
+// and a feed hold names the feed).
+func (d *Daemon) inConfig(l shield.List, p netip.Prefix) bool {
+	rs := d.cfg.Deny
+	if l == shield.AllowList {
+		rs = d.cfg.Allow
+	}
+	return slices.ContainsFunc(rs, func(r config.PrefixRule) bool { return r.Prefix == p })
+}
+
+// dropOverFeeds takes run-time rules out of the maps: a prefix a feed
+// holds gets the feed's entry back in the same write, the rest are
+// deleted.
+func (d *Daemon) dropOverFeeds(s *shield.Shield, l shield.List, prefixes []netip.Prefix) error {
+	rest, over := d.overFeeds(l, prefixes)
+	if err := addIfAny(s, l, over, shield.Upsert); err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return s.RemovePrefixes(l, rest)
+	}
+	return nil
+}
+
+// addIfAny adds entries, if there are any.
+func addIfAny(s *shield.Shield, l shield.List, entries []shield.Entry, how shield.AddMode) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	return s.Add(l, entries, how)
 }
 
 // RemovePrefixes deletes entries added at run time. Entries of the config
@@ -255,11 +299,14 @@ func (d *Daemon) RemovePrefixes(req PrefixRequest) (int, error) {
 			if has, err := s.Has(l, p); err != nil {
 				return err
 			} else if has {
+				if _, f, ok := d.feeds.lookup(l, p); ok && !d.inConfig(l, p) {
+					return userErrorf("%s comes from the feed %s: remove it where the feed is published", p, f.Src.URL)
+				}
 				return userErrorf("%s comes from the config file %s: remove it there and reload", p, d.opts.ConfigPath)
 			}
 			return userErrorf("%s is not in the %s", p, l)
 		}
-		if err := s.RemovePrefixes(l, prefixes); err != nil {
+		if err := d.dropOverFeeds(s, l, prefixes); err != nil {
 			return err
 		}
 		saved := slices.Clone(*dyn)

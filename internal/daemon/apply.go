@@ -36,7 +36,7 @@ func (r *refusal) Unwrap() error { return r.err }
 func refused(err error) error { return &refusal{err} }
 
 // applyDiff makes the pinned state what cfg (with the rule files read into
-// set) and the dynamic rules ask for. old is the config applied before, or
+// set), its feeds (fs) and the dynamic rules ask for. old is the config applied before, or
 // nil at start. Everything that can be checked is checked before the first
 // write, and what can fail for reasons outside moat's maps (attaching a
 // new interface) is done before the first write too, and undone if a later
@@ -44,7 +44,7 @@ func refused(err error) error { return &refusal{err} }
 // entries present before and after are not touched, so the data path never
 // sees a rule missing that both the old and the new rules hold. An error
 // that is a *refusal left everything as it was.
-func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *config.Set) (ch Changes, err error) {
+func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *config.Set, fs *feedSet) (ch Changes, err error) {
 	oldIfaces := map[string]config.Interface{}
 	if old != nil {
 		for _, i := range old.Interfaces {
@@ -71,7 +71,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			return ch, refused(fmt.Errorf("interfaces: %s: the mode changes from %s to %s; that needs a restart (detach, then start)", i.Name, o.Mode, i.Mode))
 		}
 	}
-	want := d.desired(set)
+	want := d.desired(set, fs.lists(nil, nil))
 	plan, err := d.planRules(s, want)
 	if err != nil {
 		return ch, refused(err)
@@ -254,13 +254,17 @@ type wanted struct {
 	shadowedPorts map[rules.PortSpec]bool
 }
 
-// desired merges the config's rules with the dynamic ones. A rule in both
-// is the config's: it has no expiry and outlives the dynamic one. The
-// config's lists are sorted in place.
-func (d *Daemon) desired(set *config.Set) *wanted {
+// desired merges the config's rules with the dynamic ones and the feeds'.
+// A rule in the config and in the dynamic ones is the config's: it has no
+// expiry and outlives the dynamic one. A rule added at run time is written
+// over a feed's for the same prefix (the operator of this host decided),
+// and the config's over both. Where feeds disagree, the first feed in the
+// config wins. The config's lists are sorted in place.
+func (d *Daemon) desired(set *config.Set, feeds [2][]rules.PrefixEntry) *wanted {
 	rs := set.Rules
 	w := &wanted{settings: *rs.Settings, shadowed: [2]map[netip.Prefix]bool{{}, {}}, shadowedPorts: map[rules.PortSpec]bool{}}
 	now := time.Now()
+	cmp := func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) }
 	for li, entries := range [][]rules.PrefixEntry{rs.Allow, rs.Deny} {
 		dyn := d.st.Allow
 		if li == 1 {
@@ -280,7 +284,14 @@ func (d *Daemon) desired(set *config.Set) *wanted {
 				entries = append(entries, e)
 			}
 		}
-		if cmp := func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) }; !slices.IsSortedFunc(entries, cmp) {
+		if len(feeds[li]) > 0 {
+			// Config, then run-time, then feed entries: the stable
+			// sort keeps that order among equal prefixes, and the
+			// first of each is kept.
+			entries = append(entries, feeds[li]...)
+			slices.SortStableFunc(entries, cmp)
+			entries = slices.CompactFunc(entries, func(a, b rules.PrefixEntry) bool { return a.Prefix == b.Prefix })
+		} else if !slices.IsSortedFunc(entries, cmp) {
 			slices.SortFunc(entries, cmp)
 		}
 		w.lists[li] = entries

@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +38,7 @@ import (
 
 	"github.com/moat-shield/moat/internal/config"
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/feed"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/state"
 	"github.com/moat-shield/moat/internal/syncookie"
@@ -77,6 +79,9 @@ type Daemon struct {
 	reloads    int
 
 	flooding map[uint16]bool // SYN flood state per port as last sampled
+
+	feeds      *feedSet // the applied config's feeds
+	feedRunner *feedRunner
 }
 
 // Run runs the daemon until ctx is cancelled. SIGHUP reloads the config.
@@ -132,6 +137,13 @@ func Run(ctx context.Context, opts Options) error {
 	if metricsLn != nil {
 		defer metricsLn.Close()
 	}
+	shareLn, err := listenShare(cfg.Share)
+	if err != nil {
+		return err
+	}
+	if shareLn != nil {
+		defer shareLn.Close()
+	}
 
 	start := time.Now()
 	// A start refused on a host where moat kept no state leaves none: the
@@ -143,10 +155,16 @@ func Run(ctx context.Context, opts Options) error {
 	gc := debug.SetGCPercent(loadGCPercent)
 	d.mu.Lock()
 	var ch Changes
-	err = d.withShield(func(s *shield.Shield) (err error) {
-		ch, err = d.applyDiff(s, nil, cfg, set)
-		return err
-	})
+	fs, err := d.openFeeds(cfg, nil)
+	if err == nil {
+		err = d.withShield(func(s *shield.Shield) (err error) {
+			ch, err = d.applyDiff(s, nil, cfg, set, fs)
+			return err
+		})
+	}
+	if err == nil {
+		d.feeds = fs
+	}
 	if err == nil {
 		// Timed rules that expired meanwhile go at the first expiry run,
 		// from the maps and the state file together.
@@ -177,6 +195,16 @@ func Run(ctx context.Context, opts Options) error {
 		metricsSrv := d.serveMetrics(metricsLn, cfg)
 		defer metricsSrv.Close()
 	}
+	if shareLn != nil {
+		shareSrv := d.serveShare(shareLn, cfg.Share)
+		defer shareSrv.Close()
+	}
+
+	d.feedRunner = &feedRunner{d: d, ctx: ctx, cancel: map[*feed.Feed]context.CancelFunc{}}
+	d.mu.Lock()
+	d.feedRunner.sync(d.feeds)
+	d.mu.Unlock()
+	defer d.feedRunner.stop()
 
 	// Without the census (another process takes it, a kernel without TCP
 	// socket iterators) every SYN and ACK of a protected port pays the
@@ -366,10 +394,9 @@ func (d *Daemon) Expire() (ExpireResult, error) {
 					present = append(present, p)
 				}
 			}
-			if len(present) > 0 {
-				if err := s.RemovePrefixes(shield.List(l), present); err != nil {
-					return err
-				}
+			// A feed's entry for the same prefix applies again.
+			if err := d.dropOverFeeds(s, shield.List(l), present); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -508,9 +535,14 @@ func (d *Daemon) Reload() ReloadResult {
 		return ReloadResult{Refused: true, Errors: []string{err.Error()}}
 	}
 	var ch Changes
+	fs, err := d.openFeeds(cfg, d.feeds)
+	if err != nil {
+		d.log.Error("reload refused; nothing changed", "err", err)
+		return ReloadResult{Refused: true, Errors: []string{err.Error()}}
+	}
 	err = d.withShield(func(s *shield.Shield) error {
 		var err error
-		ch, err = d.applyDiff(s, d.cfg, cfg, set)
+		ch, err = d.applyDiff(s, d.cfg, cfg, set, fs)
 		return err
 	})
 	set = nil
@@ -523,6 +555,7 @@ func (d *Daemon) Reload() ReloadResult {
 		return ReloadResult{Errors: []string{err.Error()}, Changes: ch}
 	}
 	d.cfg = cfg
+	d.useFeeds(fs)
 	if err := state.Save(cfg.Daemon.StateFile, d.st); err != nil {
 		d.log.Error("save state", "err", err)
 	}
@@ -535,12 +568,32 @@ func (d *Daemon) Reload() ReloadResult {
 	return res
 }
 
+// useFeeds makes fs the applied feeds after a reload: loops start for new
+// feeds and stop for those gone, whose saved copies are deleted (a feed
+// named again later starts from its server, not from a stale copy).
+func (d *Daemon) useFeeds(fs *feedSet) {
+	old := d.feeds
+	d.feeds = fs
+	if d.feedRunner != nil {
+		d.feedRunner.sync(fs)
+	}
+	if old == nil {
+		return
+	}
+	for _, f := range old.feeds {
+		if !slices.Contains(fs.feeds, f) && !slices.ContainsFunc(fs.feeds, func(n *feed.Feed) bool { return feed.CacheName(n.Src) == feed.CacheName(f.Src) }) {
+			feed.Forget(d.cfg.Daemon.FeedDir, f.Src)
+		}
+	}
+}
+
 // checkStatic refuses a reload that changes what only a restart can
 // change: where the state lives and where the API listens.
 func checkStatic(old, cfg *config.Config) error {
 	if old.Daemon.BPFRoot != cfg.Daemon.BPFRoot || old.Daemon.StateFile != cfg.Daemon.StateFile ||
-		old.Daemon.Socket != cfg.Daemon.Socket || !sameMetrics(old.Metrics, cfg.Metrics) {
-		return errors.New("daemon.bpffs_root, daemon.state_file, daemon.socket and metrics change only with a restart")
+		old.Daemon.Socket != cfg.Daemon.Socket || old.Daemon.FeedDir != cfg.Daemon.FeedDir ||
+		!sameMetrics(old.Metrics, cfg.Metrics) || old.Share != cfg.Share {
+		return errors.New("daemon.bpffs_root, daemon.state_file, daemon.socket, daemon.feed_dir, metrics and share change only with a restart")
 	}
 	return nil
 }

@@ -89,6 +89,13 @@ func (s *syncBuffer) String() string {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvIn(t, nil)
+}
+
+// newEnvIn is newEnv in lab l (nil: a lab of its own): two daemons in one
+// lab are two hosts of a fleet, each with its pins, config and socket.
+func newEnvIn(t *testing.T, l *lab.Lab) *env {
+	t.Helper()
 	var st unix.Statfs_t
 	if err := unix.Statfs("/sys/fs/bpf", &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
 		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
@@ -98,7 +105,10 @@ func newEnv(t *testing.T) *env {
 	var rnd [6]byte
 	rand.Read(rnd[:])
 	base := "moat-dtest-" + hex.EncodeToString(rnd[:])
-	e := &env{t: t, lab: lab.NewT(t), dir: t.TempDir(), root: filepath.Join("/sys/fs/bpf", base)}
+	if l == nil {
+		l = lab.NewT(t)
+	}
+	e := &env{t: t, lab: l, dir: t.TempDir(), root: filepath.Join("/sys/fs/bpf", base)}
 	e.cfg = filepath.Join(e.dir, "moat.yaml")
 	e.sock = filepath.Join(e.dir, "moat.sock")
 	e.stateFile = filepath.Join(e.dir, "state.json")
@@ -121,8 +131,8 @@ func (e *env) writeConfig(body string) {
 	if every == "" {
 		every = "1s"
 	}
-	text := body + fmt.Sprintf("metrics:\n  enabled: false\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n  expire_every: %s\n  log_level: debug\n",
-		e.root, e.stateFile, e.sock, every)
+	text := body + fmt.Sprintf("metrics:\n  enabled: false\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  feed_dir: %s\n  socket: %s\n  expire_every: %s\n  log_level: debug\n",
+		e.root, e.stateFile, filepath.Join(e.dir, "feeds"), e.sock, every)
 	if err := os.WriteFile(e.cfg, []byte(text), 0o600); err != nil {
 		e.t.Fatal(err)
 	}

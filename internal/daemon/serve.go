@@ -1,14 +1,23 @@
 package daemon
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/moat-shield/moat/internal/config"
+	"github.com/moat-shield/moat/internal/feed"
 	"github.com/moat-shield/moat/internal/metrics"
 )
 
@@ -31,7 +40,8 @@ func listenMetrics(cfg *config.Config) (net.Listener, error) {
 // for a change.
 func (d *Daemon) serveMetrics(ln net.Listener, cfg *config.Config) *http.Server {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics.Handler(metrics.Config{Root: d.root, TopEntries: cfg.Metrics.TopEntries, Logger: d.log}))
+	mux.Handle("/metrics", metrics.Handler(metrics.Config{Root: d.root, TopEntries: cfg.Metrics.TopEntries, Logger: d.log,
+		Extra: []prometheus.Collector{feed.NewCollector(d.FeedStatus)}}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	d.log.Info("serving metrics", "address", "http://"+ln.Addr().String()+"/metrics")
@@ -55,4 +65,130 @@ func notify(msg string) {
 	}
 	defer c.Close()
 	c.Write([]byte(msg))
+}
+
+// listenShare opens the share listener, or none if nothing is shared. A
+// certificate that does not load refuses the start, as a metrics address
+// that cannot be taken does.
+func listenShare(sh config.Share) (net.Listener, error) {
+	if !sh.On() {
+		return nil, nil
+	}
+	if sh.TokenFile != "" {
+		if _, err := readToken(sh.TokenFile); err != nil {
+			return nil, fmt.Errorf("share: %w", err)
+		}
+	}
+	var tc *tls.Config
+	if sh.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(sh.CertFile, sh.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("share: %w", err)
+		}
+		tc = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	ln, err := net.Listen("tcp", sh.Address)
+	if err != nil {
+		return nil, fmt.Errorf("share: %w", err)
+	}
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
+	return ln, nil
+}
+
+// readToken reads a bearer token: one line, surrounding space left out.
+func readToken(name string) (string, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return "", err
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" || strings.ContainsAny(t, "\r\n") {
+		return "", fmt.Errorf("%s: want one line holding the token", name)
+	}
+	return t, nil
+}
+
+// serveShare publishes the rules this host made at run time on ln, for
+// the feeds of other hosts: GET /v1/share (both lists) or
+// /v1/share?list=deny, as the JSON `moat export` writes, with expiries.
+// Only rules that started here are shared (blocks and allows through the
+// CLI and API, and rate limits' auto-blocks); the config's own rules and
+// what feeds brought are not, so hosts that pull from each other never
+// pass an entry round in a loop, and an entry leaves the fleet when it
+// leaves the host it started on.
+func (d *Daemon) serveShare(ln net.Listener, sh config.Share) *http.Server {
+	sc := &shareCache{d: d}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/share", func(w http.ResponseWriter, r *http.Request) {
+		if sh.TokenFile != "" {
+			want, err := readToken(sh.TokenFile)
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+				if err != nil {
+					d.log.Error("share: the token file cannot be read; every request is refused", "err", err)
+				}
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				http.Error(w, "a bearer token is needed", http.StatusUnauthorized)
+				return
+			}
+		}
+		list := r.URL.Query().Get("list")
+		if list != "" && list != "allow" && list != "deny" {
+			http.Error(w, "invalid list: want allow or deny", http.StatusBadRequest)
+			return
+		}
+		body, etag, err := sc.get(list)
+		if err != nil {
+			d.log.Error("share: reading the rules failed", "err", err)
+			http.Error(w, "reading the rules failed", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("ETag", etag)
+		w.Header().Set("Cache-Control", "no-cache")
+		if r.Header.Get("If-None-Match") == etag {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(body)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	scheme := "http"
+	if sh.CertFile != "" {
+		scheme = "https"
+	}
+	d.log.Info("sharing run-time rules", "address", scheme+"://"+ln.Addr().String()+"/v1/share")
+	return srv
+}
+
+// shareCache keeps the last body served a second at most: many hosts
+// pulling at once cost one read of the lists, not one each.
+type shareCache struct {
+	d  *Daemon
+	mu sync.Mutex
+	at map[string]time.Time
+	by map[string][]byte
+}
+
+func (sc *shareCache) get(list string) (body []byte, etag string, err error) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.by == nil {
+		sc.at, sc.by = map[string]time.Time{}, map[string][]byte{}
+	}
+	if time.Since(sc.at[list]) > time.Second {
+		rs, err := sc.d.shared(list)
+		if err != nil {
+			return nil, "", err
+		}
+		if sc.by[list], err = json.MarshalIndent(rs, "", "  "); err != nil {
+			return nil, "", err
+		}
+		sc.at[list] = time.Now()
+	}
+	sum := sha256.Sum256(sc.by[list])
+	return sc.by[list], `"` + hex.EncodeToString(sum[:16]) + `"`, nil
 }

@@ -48,6 +48,8 @@ type Config struct {
 	ScanShare float64
 	// Logger receives scrape errors (slog.Default() when nil).
 	Logger *slog.Logger
+	// Extra collectors join the registry: the daemon's feeds.
+	Extra []prometheus.Collector
 }
 
 func (c Config) withDefaults() Config {

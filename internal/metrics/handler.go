@@ -30,6 +30,7 @@ func NewRegistry(cfg Config) *prometheus.Registry {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	reg.MustRegister(cfg.Extra...)
 	return reg
 }
 

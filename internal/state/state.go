@@ -62,9 +62,7 @@ func Load(path string) (*State, error) {
 	return &st, nil
 }
 
-// Save writes the state: to a temporary file in the same directory, synced,
-// renamed over the old one, and the directory synced so that the rename
-// itself survives a power cut.
+// Save writes the state through WriteFile.
 func Save(path string, st *State) error {
 	st.Version = version
 	st.Saved = time.Now().UTC().Truncate(time.Second)
@@ -72,13 +70,24 @@ func Save(path string, st *State) error {
 	if err != nil {
 		return err
 	}
+	if err := WriteFile(path, append(data, '\n')); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// WriteFile replaces path with data, readable by root only: a temporary
+// file in the same directory, synced, renamed over the old one, and the
+// directory synced so that the rename itself survives a power cut. A
+// crash leaves the old file or the new one, never a part.
+func WriteFile(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return err
 	}
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
 	if err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return err
 	}
 	done := false
 	defer func() {
@@ -88,28 +97,28 @@ func Save(path string, st *State) error {
 		}
 	}()
 	if err := tmp.Chmod(0o600); err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return err
 	}
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
-		return fmt.Errorf("save state: %w", err)
+	if _, err := tmp.Write(data); err != nil {
+		return err
 	}
 	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return err
 	}
 	done = true
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return err
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("save state: sync %s: %w", dir, err)
+		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
 }

@@ -1,0 +1,288 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/moat-shield/moat/internal/config"
+	"github.com/moat-shield/moat/internal/feed"
+	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+// feedSet is the feeds of the applied config, in its order: where two
+// feeds hold a prefix, the first one's entry is written.
+type feedSet struct {
+	feeds []*feed.Feed
+}
+
+// openFeeds makes the feeds cfg names. A feed whose source is unchanged
+// from old keeps its state and copy; a new one starts from its copy on
+// disk, if any, so a restart applies what the fleet last published.
+func (d *Daemon) openFeeds(cfg *config.Config, old *feedSet) (*feedSet, error) {
+	keep := map[string]*feed.Feed{}
+	if old != nil {
+		for _, f := range old.feeds {
+			keep[feed.CacheName(f.Src)] = f
+		}
+	}
+	fs := &feedSet{}
+	now := time.Now()
+	for _, src := range cfg.Feeds() {
+		if f, ok := keep[feed.CacheName(src)]; ok && reflect.DeepEqual(f.Src, src) {
+			fs.feeds = append(fs.feeds, f)
+			continue
+		}
+		f, err := feed.New(src, cfg.Daemon.FeedDir)
+		if err != nil {
+			return nil, err
+		}
+		if err := f.LoadCache(now); err != nil {
+			// Fetched again at once; until then the feed adds nothing.
+			d.log.Warn("a feed's saved copy cannot be read; waiting for the server", "url", src.URL, "err", err)
+		}
+		fs.feeds = append(fs.feeds, f)
+	}
+	return fs, nil
+}
+
+// lists is the entries of every feed by list, the update standing in for
+// its feed's copy. Entries the same feed lists twice cannot occur; a
+// prefix two feeds hold is resolved by desired.
+func (fs *feedSet) lists(f *feed.Feed, up *feed.Update) [2][]rules.PrefixEntry {
+	var out [2][]rules.PrefixEntry
+	if fs == nil {
+		return out
+	}
+	for _, x := range fs.feeds {
+		rs := x.Rules()
+		if x == f && up != nil {
+			rs = up.Rules
+		}
+		if rs == nil {
+			continue
+		}
+		out[shield.AllowList] = append(out[shield.AllowList], rs.Allow...)
+		out[shield.DenyList] = append(out[shield.DenyList], rs.Deny...)
+	}
+	return out
+}
+
+// lookup finds the entry a feed gives a prefix, and the feed.
+func (fs *feedSet) lookup(l shield.List, p netip.Prefix) (rules.PrefixEntry, *feed.Feed, bool) {
+	if fs == nil {
+		return rules.PrefixEntry{}, nil, false
+	}
+	for _, f := range fs.feeds {
+		rs := f.Rules()
+		if rs == nil {
+			continue
+		}
+		entries := rs.Deny
+		if l == shield.AllowList {
+			entries = rs.Allow
+		}
+		if e, ok := feed.Lookup(entries, p); ok {
+			return e, f, true
+		}
+	}
+	return rules.PrefixEntry{}, nil, false
+}
+
+// statuses reports every feed.
+func (fs *feedSet) statuses() []feed.Status {
+	out := []feed.Status{}
+	if fs == nil {
+		return out
+	}
+	for _, f := range fs.feeds {
+		out = append(out, f.Status())
+	}
+	return out
+}
+
+// FeedStatus reports the applied config's feeds, in its order.
+func (d *Daemon) FeedStatus() []feed.Status {
+	d.mu.Lock()
+	fs := d.feeds
+	d.mu.Unlock()
+	return fs.statuses()
+}
+
+// feedRunner fetches each feed of the applied config every refresh
+// period, one goroutine a feed, and applies what changed.
+type feedRunner struct {
+	d      *Daemon
+	ctx    context.Context
+	mu     sync.Mutex
+	cancel map[*feed.Feed]context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// sync starts a loop for each feed of fs that has none and stops the
+// loops of feeds fs no longer holds.
+func (r *feedRunner) sync(fs *feedSet) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	live := map[*feed.Feed]bool{}
+	for _, f := range fs.feeds {
+		live[f] = true
+		if r.cancel[f] != nil {
+			continue
+		}
+		ctx, cancel := context.WithCancel(r.ctx)
+		r.cancel[f] = cancel
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.loop(ctx, f)
+		}()
+	}
+	for f, cancel := range r.cancel {
+		if !live[f] {
+			cancel()
+			delete(r.cancel, f)
+		}
+	}
+}
+
+// stop ends every loop and waits for them.
+func (r *feedRunner) stop() {
+	r.mu.Lock()
+	for f, cancel := range r.cancel {
+		cancel()
+		delete(r.cancel, f)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// loop fetches a feed at once and then every refresh period. The fetch
+// runs without the daemon's lock: a slow server delays nothing else.
+func (r *feedRunner) loop(ctx context.Context, f *feed.Feed) {
+	for {
+		up, err := f.Fetch(ctx, time.Now())
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.d.log.Error("feed fetch failed; its last good copy stays applied", "url", f.Src.URL, "err", err)
+		case up != nil:
+			r.d.applyFeed(f, up)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(f.Src.Refresh):
+		}
+	}
+}
+
+// applyFeed writes a feed's new copy into the maps as a diff, with every
+// other source of rules as it is: the config's inline rules and rule
+// files (read again), the other feeds, and the rules added at run time.
+// The copy becomes the feed's current one only if the maps took it.
+func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !slices.Contains(d.feeds.feeds, f) {
+		return // a reload dropped or changed the feed meanwhile
+	}
+	start := time.Now()
+	var ch Changes
+	err := func() error {
+		set, err := d.cfg.RuleSet()
+		if err != nil {
+			return fmt.Errorf("the config's rule files no longer read (fix them and reload): %w", err)
+		}
+		return d.withShield(func(s *shield.Shield) error {
+			w := d.desired(set, d.feeds.lists(f, up))
+			p, err := d.planRules(s, w)
+			if err != nil {
+				return err
+			}
+			return d.applyRules(s, w, p, &ch)
+		})
+	}()
+	releaseMemory()
+	if err != nil {
+		f.Reject(err)
+		d.log.Error("feed update refused; its last good copy stays applied", "url", f.Src.URL, "err", err)
+		return
+	}
+	if err := f.Commit(up, time.Now()); err != nil {
+		d.log.Error("feed applied, but its copy could not be saved: a restart applies the older one until the next fetch", "url", f.Src.URL, "err", err)
+	}
+	d.log.Info("feed applied", "url", f.Src.URL, "allow", len(up.Rules.Allow), "deny", len(up.Rules.Deny),
+		"added", ch.Added, "removed", ch.Removed, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// overFeeds splits prefixes whose run-time rule goes (it expired, or was
+// unblocked) into those a feed also holds, returned as the feed's entries
+// to write over them, so the feed's rule applies again with no moment
+// without one, and the rest, to delete.
+func (d *Daemon) overFeeds(l shield.List, prefixes []netip.Prefix) (rest []netip.Prefix, feedEntries []shield.Entry) {
+	for _, p := range prefixes {
+		if e, _, ok := d.feeds.lookup(l, p); ok {
+			feedEntries = append(feedEntries, shield.EntryOf(e))
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	return rest, feedEntries
+}
+
+// shared is what the share endpoint publishes of a list ("" both): the
+// unexpired rules added at run time and, in the deny list, the rate
+// limits' auto-blocks, each with its expiry and comment.
+func (d *Daemon) shared(list string) (*rules.Ruleset, error) {
+	rs := &rules.Ruleset{Allow: []rules.PrefixEntry{}, Deny: []rules.PrefixEntry{}, Ports: []rules.PortEntry{}}
+	now := time.Now()
+	d.mu.Lock()
+	for l, name := range []string{shield.AllowList: "allow", shield.DenyList: "deny"} {
+		l := shield.List(l)
+		if list != "" && list != name {
+			continue
+		}
+		dst := &rs.Allow
+		if l == shield.DenyList {
+			dst = &rs.Deny
+		}
+		for _, e := range *d.dynamicList(l) {
+			if e.Expires == nil || e.Expires.After(now) {
+				*dst = append(*dst, rules.PrefixEntry{Prefix: e.Prefix, Expires: e.Expires, Comment: e.Comment})
+			}
+		}
+	}
+	d.mu.Unlock()
+	if list == "" || list == "deny" {
+		// Auto-blocks are the data path's: read from the maps, without
+		// the daemon's lock (reads of pinned maps need none).
+		err := d.withShield(func(s *shield.Shield) error {
+			have, err := s.Entries(shield.DenyList)
+			if err != nil {
+				return err
+			}
+			for _, e := range have {
+				if e.Auto && e.Expires.After(now) {
+					t := e.Expires.UTC().Truncate(time.Second)
+					rs.Deny = append(rs.Deny, rules.PrefixEntry{Prefix: e.Prefix, Expires: &t, Comment: e.Comment})
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range []*[]rules.PrefixEntry{&rs.Allow, &rs.Deny} {
+		slices.SortStableFunc(*l, func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) })
+		*l = slices.CompactFunc(*l, func(a, b rules.PrefixEntry) bool { return a.Prefix == b.Prefix })
+	}
+	return rs, nil
+}

@@ -1,0 +1,240 @@
+package daemon_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moat-shield/moat/internal/feed"
+)
+
+// waitRules polls e's rules until cond holds them, for up to 15 s.
+func (e *env) waitRules(what string, cond func([]string) bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got := e.rulesNow()
+		if cond(got) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: not within 15 s; rules:\n%s\ndaemon log:\n%s", what, strings.Join(got, "\n"), e.log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// feeds reads `moat feeds --json`.
+func (e *env) feeds() []feed.Status {
+	e.t.Helper()
+	var out []feed.Status
+	if err := json.Unmarshal([]byte(e.mustMoat("feeds", "--json").stdout), &out); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// TestFleetSharesRunTimeRules runs two daemons as two hosts of a fleet in
+// one lab: host A blocks sources at run time and shares them; host B,
+// attached where the client's packets arrive, pulls A's share as a feed.
+// A block on A must stop the client at B, an unblock free it, a bad
+// token or a stopped A must leave B's last good copy in place, a restart
+// of B must apply the saved copy before A answers, and A's config rules
+// must never travel.
+func TestFleetSharesRunTimeRules(t *testing.T) {
+	a := newEnv(t)
+	b := newEnvIn(t, a.lab)
+	client := a.lab.Client.Ifaces[0].IPv4.Addr().String()
+	token := filepath.Join(a.dir, "share.token") // A's
+	bToken := filepath.Join(b.dir, "feed.token") // what B sends
+	for _, f := range []string{token, bToken} {
+		if err := os.WriteFile(f, []byte("fleet-secret-1\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port := 20000 + rand.IntN(20000) // the lab's namespace is new: nothing listens there
+	a.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 198.51.100.0/24\nshare:\n  address: 127.0.0.1:%d\n  token_file: %s\n"+
+		"limits:\n  - {kind: source, scope: udp/9, pps: 20, burst_packets: 20, block: 10m}\nlimit_settings:\n  gate: none\n",
+		a.attackerIf(), port, token))
+	a.start()
+	b.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\nlists:\n  - url: http://127.0.0.1:%d/v1/share?list=deny\n    refresh: 1s\n    token_file: %s\n",
+		b.clientIf(), port, bToken))
+	sink := a.listenUDP()
+
+	a.mustMoat("block", client, "--ttl", "1h", "--comment", "seen scanning")
+	a.mustMoat("block", "192.0.2.40", "--ttl", "1h", "--comment", "from A")
+	b.start()
+	blocked := "deny " + client + "/32 seen scanning"
+	b.waitRules("A's block reaches B", func(r []string) bool { return contains(r, blocked) })
+	if r := b.rulesNow(); contains(r, "deny 198.51.100.0/24") || !contains(r, "deny 203.0.113.5/32") {
+		t.Fatalf("B holds A's config rule, or lost its own:\n%s", strings.Join(r, "\n"))
+	}
+	if b.sendFromClient(sink, 300*time.Millisecond) {
+		t.Fatal("a datagram from the source A blocked passed B")
+	}
+	if f := b.feeds(); len(f) != 1 || f[0].Deny != 2 || f[0].Error != "" || f[0].LastSuccess.IsZero() {
+		t.Fatalf("moat feeds: %+v", f)
+	}
+	// A source over a rate limit on A, auto-blocked there, is blocked
+	// at B too, with A's reason.
+	attacker := a.lab.Attacker.Ifaces[0]
+	if err := a.lab.Attacker.Do(func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(attacker.PeerIPv4, 9)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range 100 {
+			c.Write([]byte("over the limit"))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	autoBlocked := "deny " + attacker.IPv4.Addr().String() + "/32 auto-block on udp/9: over 20pps per source"
+	b.waitRules("A's auto-block reaches B", func(r []string) bool { return contains(r, autoBlocked) })
+
+	// B cannot add a run-time rule over the feed's: it is blocked.
+	if r := b.moat("block", client); r.code == 0 || !strings.Contains(r.stderr, "already in the denylist") {
+		t.Fatalf("block of a prefix the feed holds: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := b.moat("unblock", "192.0.2.40"); r.code == 0 || !strings.Contains(r.stderr, "comes from the feed http://127.0.0.1") {
+		t.Fatalf("unblock of a feed's prefix: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// A run-time rule of B's own outlives the feed's for the same
+	// prefix while it lasts; when it expires, the feed's applies again.
+	b.mustMoat("block", "192.0.2.50", "--ttl", "3s", "--comment", "B's own")
+	a.mustMoat("block", "192.0.2.50", "--ttl", "1h", "--comment", "A's")
+	b.waitRules("the feed carries 192.0.2.50", func([]string) bool { return b.feeds()[0].Deny == 4 })
+	if r := b.rulesNow(); !contains(r, "deny 192.0.2.50/32 B's own") {
+		t.Fatalf("B's own rule was replaced by the feed's:\n%s", strings.Join(r, "\n"))
+	}
+	b.waitRules("the feed's rule after B's expires", func(r []string) bool { return contains(r, "deny 192.0.2.50/32 A's") })
+
+	// A wrong token: B's fetches fail, its copy stays applied.
+	if err := os.WriteFile(bToken, []byte("wrong\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.waitRules("B's fetches fail", func([]string) bool {
+		f := b.feeds()[0]
+		return strings.Contains(f.Error, "401") && f.Failures > 0
+	})
+	if r := b.rulesNow(); !contains(r, blocked) || !contains(r, "deny 192.0.2.50/32 A's") {
+		t.Fatalf("a refused fetch changed B's rules:\n%s", strings.Join(r, "\n"))
+	}
+	if err := os.WriteFile(bToken, []byte("fleet-secret-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// An unblock on A frees the client at B.
+	a.mustMoat("unblock", client)
+	b.waitRules("A's unblock reaches B", func(r []string) bool { return !contains(r, blocked) })
+	if !b.sendFromClient(sink, 2*time.Second) {
+		t.Fatal("the client is still dropped at B after A's unblock")
+	}
+
+	// A restart of B while A is down applies the saved copy at once.
+	a.mustMoat("block", client, "--ttl", "1h", "--comment", "seen scanning")
+	b.waitRules("A's second block reaches B", func(r []string) bool { return contains(r, blocked) })
+	a.stop(syscall.SIGTERM)
+	b.stop(syscall.SIGTERM)
+	b.start()
+	if r := b.rulesNow(); !contains(r, blocked) {
+		t.Fatalf("B restarted without the feed's saved copy:\n%s\n%s", strings.Join(r, "\n"), b.log)
+	}
+	if b.sendFromClient(sink, 300*time.Millisecond) {
+		t.Fatal("after B's restart, the source A blocked passed")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f := b.feeds()
+		if len(f) == 1 && f[0].FromCache && f[0].Failures > 0 && strings.Contains(f[0].Error, "refused") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("moat feeds with A down: %+v", f)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := b.rulesNow(); !contains(r, blocked) {
+		t.Fatal("a failing fetch dropped the feed's rules")
+	}
+}
+
+// serveInLab serves h on loopback inside the lab's server namespace,
+// where the daemons run, and returns the base URL.
+func serveInLab(t *testing.T, e *env, h http.Handler) string {
+	t.Helper()
+	var ln net.Listener
+	if err := e.lab.Server.Do(func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// TestFeedRefusedAndReloaded: a feed's bad copy changes nothing, a good
+// one replaces it as a diff, and a reload that drops the feed removes its
+// entries and its saved copy.
+func TestFeedRefusedAndReloaded(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	body := "192.0.2.0/24\n198.51.100.9\n"
+	base := serveInLab(t, e, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprint(w, body)
+	}))
+	setBody := func(s string) { mu.Lock(); body = s; mu.Unlock() }
+	withFeed := fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\nlists:\n  - url: %s/deny.txt\n    refresh: 1s\n", e.attackerIf(), base)
+	e.writeConfig(withFeed)
+	e.start()
+	e.waitRules("the feed's entries", func(r []string) bool {
+		return contains(r, "deny 192.0.2.0/24") && contains(r, "deny 198.51.100.9/32")
+	})
+
+	setBody("192.0.2.0/24\n198.51.100.300\n")
+	e.waitRules("a failing feed", func([]string) bool { return strings.Contains(e.feeds()[0].Error, ":2: ") })
+	if r := e.rulesNow(); !contains(r, "deny 198.51.100.9/32") || !contains(r, "deny 203.0.113.5/32") {
+		t.Fatalf("a bad copy changed the rules:\n%s", strings.Join(r, "\n"))
+	}
+
+	setBody("192.0.2.0/24\n2001:db8::/48\n")
+	e.waitRules("the new copy", func(r []string) bool {
+		return contains(r, "deny 2001:db8::/48") && !contains(r, "deny 198.51.100.9/32") && contains(r, "deny 192.0.2.0/24")
+	})
+	if f := e.feeds()[0]; f.Error != "" || f.Deny != 2 {
+		t.Fatalf("after a good copy: %+v", f)
+	}
+	if saved, _ := filepath.Glob(filepath.Join(e.dir, "feeds", "feed-*")); len(saved) != 2 {
+		t.Fatalf("saved copy and its validators: %v", saved)
+	}
+
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\n", e.attackerIf()))
+	e.mustMoat("reload")
+	if r := e.rulesNow(); contains(r, "deny 192.0.2.0/24") || contains(r, "deny 2001:db8::/48") || !contains(r, "deny 203.0.113.5/32") {
+		t.Fatalf("after the feed left the config:\n%s", strings.Join(r, "\n"))
+	}
+	if saved, _ := filepath.Glob(filepath.Join(e.dir, "feeds", "feed-*")); len(saved) != 0 {
+		t.Fatalf("a dropped feed's copy is left: %v", saved)
+	}
+	if out := e.mustMoat("feeds").stdout; !strings.Contains(out, "no feeds") {
+		t.Fatalf("moat feeds: %q", out)
+	}
+}
