@@ -183,7 +183,11 @@ func New(src Source, dir string) (*Feed, error) {
 	}
 	f := &Feed{
 		Src:    src,
-		client: &http.Client{Transport: tr, Timeout: Timeout},
+		client: &http.Client{Transport: tr, Timeout: Timeout,
+			// A redirect is answered as an error: the token must reach
+			// the URL the config names and no other (an https URL
+			// redirected to http would send it in clear).
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		cache:  filepath.Join(dir, CacheName(src)),
 	}
 	f.st = Status{URL: src.URL, List: src.List, Refresh: src.Refresh.String()}

@@ -245,6 +245,14 @@ func TestFetchTokenAndCA(t *testing.T) {
 	if srv.lastAuth != "Bearer s3cret" {
 		t.Fatalf("sent %q", srv.lastAuth)
 	}
+	// A redirect is not followed: the token stays with the URL named.
+	redirect := httptest.NewServer(http.RedirectHandler(ts.URL, http.StatusFound))
+	defer redirect.Close()
+	g := mustNew(t, feed.Source{URL: redirect.URL, List: "deny", TokenFile: tok}, dir)
+	if _, err := g.Fetch(ctx, time.Now()); err == nil || !strings.Contains(err.Error(), "302") {
+		t.Fatalf("a redirect: %v", err)
+	}
+
 	if err := os.WriteFile(tok, []byte(""), 0o600); err != nil {
 		t.Fatal(err)
 	}
