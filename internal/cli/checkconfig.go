@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/moat-shield/moat/internal/config"
+	"github.com/moat-shield/moat/internal/feed"
 	"github.com/moat-shield/moat/internal/syncookie"
 )
 
@@ -38,8 +39,12 @@ machine.`,
 				}
 			}
 			rs := set.Rules
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: %s, %d allow and %d deny entries (%d from rule files), %s, %s\n",
-				path, count(len(cfg.Interfaces), "interface"), len(rs.Allow), len(rs.Deny), set.FromFiles,
+			feeds := ""
+			if n := len(cfg.Feeds()); n > 0 {
+				feeds = ", " + count(n, "feed") + " (the daemon fetches them)"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: %s, %d allow and %d deny entries (%d from rule files)%s, %s, %s\n",
+				path, count(len(cfg.Interfaces), "interface"), len(rs.Allow), len(rs.Deny), set.FromFiles, feeds,
 				count(len(rs.Ports), "port rule"), count(len(cfg.SYN.Ports), "SYN-protected port"))
 			return nil
 		},
@@ -52,6 +57,15 @@ machine.`,
 // this network namespace), and prints the notes it would log.
 func checkHost(cmd *cobra.Command, cfg *config.Config) []config.Error {
 	var errs []config.Error
+	for i, lf := range cfg.Lists {
+		if lf.URL == "" {
+			continue
+		}
+		// The CA file must hold certificates, as the daemon reads it.
+		if _, err := feed.New(feed.Source{URL: lf.URL, List: lf.List, CAFile: lf.CAFile}, cfg.Daemon.FeedDir); err != nil {
+			errs = append(errs, config.Error{Line: lf.Line, Msg: fmt.Sprintf("lists[%d]: %v", i+1, err)})
+		}
+	}
 	for _, i := range cfg.Interfaces {
 		if _, err := net.InterfaceByName(i.Name); err != nil {
 			errs = append(errs, config.Error{Line: i.Line, Msg: fmt.Sprintf("interfaces: no interface %q on this host", i.Name)})

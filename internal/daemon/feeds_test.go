@@ -203,7 +203,20 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 	}))
 	setBody := func(s string) { mu.Lock(); body = s; mu.Unlock() }
 	withFeed := fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\nlists:\n  - url: %s/deny.txt\n    refresh: 1s\n", e.attackerIf(), base)
+	// check-config names the feed; a CA file without certificates is
+	// refused there, as the daemon would refuse it.
+	badCA := filepath.Join(e.dir, "ca.pem")
+	if err := os.WriteFile(badCA, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(strings.Replace(withFeed, "http://", "https://", 1) + "    ca_file: " + badCA + "\n")
+	if r := e.moat("check-config", e.cfg); r.code != 2 || !strings.Contains(r.stderr, "holds no PEM certificate") {
+		t.Fatalf("check-config with a bad CA file: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	e.writeConfig(withFeed)
+	if r := e.mustMoat("check-config", "--file-only", e.cfg); !strings.Contains(r.stdout, "1 feed (the daemon fetches them)") {
+		t.Fatalf("check-config: %q", r.stdout)
+	}
 	e.start()
 	e.waitRules("the feed's entries", func(r []string) bool {
 		return contains(r, "deny 192.0.2.0/24") && contains(r, "deny 198.51.100.9/32")
