@@ -143,13 +143,20 @@ func (c *Config) Feeds() []feed.Source {
 }
 
 // Share is the daemon's endpoint that publishes the rules this host made
-// at run time (blocks and allows through the CLI, and rate limits'
-// auto-blocks) for other hosts' feeds.
+// at run time (blocks through the CLI and API, and, if asked, rate
+// limits' auto-blocks and the allow list) for other hosts' feeds.
 type Share struct {
 	Address   string `yaml:"address"`    // HOST:PORT; empty: not shared (default)
-	TokenFile string `yaml:"token_file"` // if set, a request must carry this bearer token
+	TokenFile string `yaml:"token_file"` // a request must carry this bearer token (needed beyond loopback)
 	CertFile  string `yaml:"cert_file"`  // with key_file: serve https
 	KeyFile   string `yaml:"key_file"`
+	// AutoBlocks shares the rate limits' auto-blocks too. Off by
+	// default: a spoofed flood gets addresses it borrowed auto-blocked,
+	// and sharing them would block those across the fleet.
+	AutoBlocks bool `yaml:"auto_blocks"`
+	// AllowList serves ?list=allow too. Off by default: the allow list
+	// names the sources an attacker would spoof to get through.
+	AllowList bool `yaml:"allow_list"`
 }
 
 // On tells whether the rules are shared.
@@ -582,6 +589,8 @@ func (c *Config) check(e *errs) {
 	if s := c.Share; s.On() {
 		if err := checkListenAddress(s.Address); err != nil {
 			key("share.address", "%v", err)
+		} else if s.TokenFile == "" && !loopbackAddress(s.Address) {
+			key("share.address", "%q is reachable beyond this host: set share.token_file, so that only the fleet reads the rules", s.Address)
 		}
 		if (s.CertFile == "") != (s.KeyFile == "") {
 			key("share", "cert_file and key_file go together: give both to serve https, or neither")
@@ -591,7 +600,7 @@ func (c *Config) check(e *errs) {
 				key(f.key, "%q must be an absolute path", f.val)
 			}
 		}
-	} else if s.TokenFile != "" || s.CertFile != "" || s.KeyFile != "" {
+	} else if s.TokenFile != "" || s.CertFile != "" || s.KeyFile != "" || s.AutoBlocks || s.AllowList {
 		key("share", "share.address is missing: nothing is shared without it")
 	}
 
@@ -674,6 +683,17 @@ func (c *Config) checkFeeds(e *errs) {
 		}
 		seen[k] = lf.Line
 	}
+}
+
+// loopbackAddress tells whether a checked HOST:PORT listens on loopback
+// only.
+func loopbackAddress(addr string) bool {
+	host, _, _ := net.SplitHostPort(addr)
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 // checkListenAddress checks a HOST:PORT for net.Listen("tcp"), as the
@@ -827,18 +847,6 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 	rs.Deny = sortUnique(rs.Deny)
 	set.FromFiles = len(rs.Allow) + len(rs.Deny) - inline
 	return set
-}
-
-// RuleSet reads the rule files again and merges them with the inline
-// rules, as Load did: the daemon applies a feed's new copy with the rest
-// of the rules as the applied config gives them.
-func (c *Config) RuleSet() (*Set, error) {
-	var e errs
-	set := c.buildSet(filepath.Dir(c.File), &e)
-	if err := e.result(c.File); err != nil {
-		return nil, err
-	}
-	return set, nil
 }
 
 // sortUnique sorts entries by prefix and keeps the first of each prefix;

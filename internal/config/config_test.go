@@ -94,6 +94,8 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"feed twice", "lists:\n  - url: https://rules.example/deny.txt\n  - url: https://rules.example/deny.txt\n", 3, "listed twice (first at line 2)"},
 		{"feed bad list", "lists:\n  - url: https://rules.example/deny.txt\n    list: block\n", 2, `invalid list "block"`},
 		{"share bad address", "share:\n  address: 9478\n", 2, "share.address: \"9478\" is not HOST:PORT"},
+		{"share beyond loopback without a token", "share:\n  address: 0.0.0.0:9478\n", 2, "reachable beyond this host: set share.token_file"},
+		{"share switches without address", "share:\n  auto_blocks: true\n", 2, "share.address is missing"},
 		{"share cert alone", "share:\n  address: 127.0.0.1:9478\n  cert_file: /etc/moat/share.crt\n", 2, "cert_file and key_file go together"},
 		{"share token without address", "share:\n  token_file: /etc/moat/share.token\n", 2, "share.address is missing"},
 		{"relative feed dir", "daemon:\n  feed_dir: feeds\n", 2, "daemon.feed_dir: \"feeds\" must be an absolute path"},

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/moat-shield/moat/internal/config"
+	"github.com/moat-shield/moat/internal/feed"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/state"
@@ -201,9 +201,25 @@ func (d *Daemon) AddPrefixes(req PrefixRequest) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(entries), d.withShield(func(s *shield.Shield) error {
-		// A prefix a feed holds is in the list already, and refused like
-		// any other: the feed's rule applies.
-		if err := s.Add(l, entries, shield.Strict); err != nil {
+		// A prefix only a feed holds is written over: the run-time rule
+		// (its expiry, its comment) applies while it lasts, and the
+		// feed's comes back after it. Any other prefix the list holds
+		// refuses the whole change.
+		var fresh, over []shield.Entry
+		for _, e := range entries {
+			if _, _, ok := d.feeds.lookup(l, e.Prefix); ok && !d.inConfig(l, e.Prefix) && !d.isDynamic(l, e.Prefix) {
+				over = append(over, e)
+			} else {
+				fresh = append(fresh, e)
+			}
+		}
+		if err := s.Add(l, fresh, shield.Strict); err != nil {
+			return err
+		}
+		if err := addIfAny(s, l, over, shield.Upsert); err != nil {
+			if rerr := d.dropOverFeeds(s, l, prefixesOf(fresh)); rerr != nil {
+				d.log.Error("undo a change", "err", rerr)
+			}
 			return err
 		}
 		dyn := d.dynamicList(l)
@@ -237,15 +253,19 @@ func (d *Daemon) isDynamic(l shield.List, p netip.Prefix) bool {
 	return slices.ContainsFunc(*d.dynamicList(l), func(e rules.PrefixEntry) bool { return e.Prefix == p })
 }
 
-// inConfig tells whether the applied config's inline rules hold p (rule
-// files are not read again for this: an unblock of a prefix only a file
-// and a feed hold names the feed).
+// inConfig tells whether the applied config's rules (inline or from its
+// rule files) hold p. It is asked only of prefixes a feed holds, and the
+// config's rules are kept while it names feeds.
 func (d *Daemon) inConfig(l shield.List, p netip.Prefix) bool {
-	rs := d.cfg.Deny
-	if l == shield.AllowList {
-		rs = d.cfg.Allow
+	if d.cfgSet == nil {
+		return false
 	}
-	return slices.ContainsFunc(rs, func(r config.PrefixRule) bool { return r.Prefix == p })
+	entries := d.cfgSet.Rules.Deny
+	if l == shield.AllowList {
+		entries = d.cfgSet.Rules.Allow
+	}
+	_, ok := feed.Lookup(entries, p)
+	return ok
 }
 
 // dropOverFeeds takes run-time rules out of the maps: a prefix a feed
@@ -260,6 +280,15 @@ func (d *Daemon) dropOverFeeds(s *shield.Shield, l shield.List, prefixes []netip
 		return s.RemovePrefixes(l, rest)
 	}
 	return nil
+}
+
+// prefixesOf lists the prefixes of entries.
+func prefixesOf(entries []shield.Entry) []netip.Prefix {
+	out := make([]netip.Prefix, len(entries))
+	for i, e := range entries {
+		out[i] = e.Prefix
+	}
+	return out
 }
 
 // addIfAny adds entries, if there are any.

@@ -259,7 +259,8 @@ type wanted struct {
 // expiry and outlives the dynamic one. A rule added at run time is written
 // over a feed's for the same prefix (the operator of this host decided),
 // and the config's over both. Where feeds disagree, the first feed in the
-// config wins. The config's lists are sorted in place.
+// config wins. set is not changed: the daemon keeps it for the feeds'
+// changes.
 func (d *Daemon) desired(set *config.Set, feeds [2][]rules.PrefixEntry) *wanted {
 	rs := set.Rules
 	w := &wanted{settings: *rs.Settings, shadowed: [2]map[netip.Prefix]bool{{}, {}}, shadowedPorts: map[rules.PortSpec]bool{}}
@@ -270,6 +271,9 @@ func (d *Daemon) desired(set *config.Set, feeds [2][]rules.PrefixEntry) *wanted 
 		if li == 1 {
 			dyn = d.st.Deny
 		}
+		// Appending copies: the config's lists (sorted already) stay
+		// as they are.
+		entries = slices.Clip(entries)
 		dynamic := make(map[netip.Prefix]bool, len(dyn))
 		for _, e := range dyn {
 			dynamic[e.Prefix] = true

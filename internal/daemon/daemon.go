@@ -82,6 +82,11 @@ type Daemon struct {
 
 	feeds      *feedSet // the applied config's feeds
 	feedRunner *feedRunner
+	// cfgSet is the applied config's rules (inline and rule files),
+	// kept while it names feeds: a feed's change is merged with the
+	// rules as they were applied, not with rule files as they are on
+	// disk now (half written, or edited without a reload).
+	cfgSet *config.Set
 }
 
 // Run runs the daemon until ctx is cancelled. SIGHUP reloads the config.
@@ -164,6 +169,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	if err == nil {
 		d.feeds = fs
+		d.keepSet(cfg, set)
 	}
 	if err == nil {
 		// Timed rules that expired meanwhile go at the first expiry run,
@@ -187,6 +193,15 @@ func Run(ctx context.Context, opts Options) error {
 		"rules_written", ch.Added, "rules_removed", ch.Removed, "port_rules", ch.PortRules,
 		"dynamic_rules", len(d.st.Allow)+len(d.st.Deny)+len(d.st.Ports))
 
+	// The feeds' loops start before the API serves (a reload through it
+	// syncs them) and stop after it is closed (deferred first).
+	runner := &feedRunner{d: d, ctx: ctx, cancel: map[*feed.Feed]context.CancelFunc{}}
+	d.mu.Lock()
+	d.feedRunner = runner
+	runner.sync(d.feeds)
+	d.mu.Unlock()
+	defer runner.stop()
+
 	srv := &http.Server{Handler: d.api(), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	defer srv.Close()
@@ -199,12 +214,6 @@ func Run(ctx context.Context, opts Options) error {
 		shareSrv := d.serveShare(shareLn, cfg.Share)
 		defer shareSrv.Close()
 	}
-
-	d.feedRunner = &feedRunner{d: d, ctx: ctx, cancel: map[*feed.Feed]context.CancelFunc{}}
-	d.mu.Lock()
-	d.feedRunner.sync(d.feeds)
-	d.mu.Unlock()
-	defer d.feedRunner.stop()
 
 	// Without the census (another process takes it, a kernel without TCP
 	// socket iterators) every SYN and ACK of a protected port pays the
@@ -545,7 +554,6 @@ func (d *Daemon) Reload() ReloadResult {
 		ch, err = d.applyDiff(s, d.cfg, cfg, set, fs)
 		return err
 	})
-	set = nil
 	if r := (*refusal)(nil); errors.As(err, &r) {
 		d.log.Error("reload refused; nothing changed", "err", err)
 		return ReloadResult{Refused: true, Errors: []string{err.Error()}}
@@ -556,6 +564,7 @@ func (d *Daemon) Reload() ReloadResult {
 	}
 	d.cfg = cfg
 	d.useFeeds(fs)
+	d.keepSet(cfg, set)
 	if err := state.Save(cfg.Daemon.StateFile, d.st); err != nil {
 		d.log.Error("save state", "err", err)
 	}
@@ -566,6 +575,16 @@ func (d *Daemon) Reload() ReloadResult {
 	d.log.Info("reloaded", "took", res.Took.Round(time.Millisecond), "added", ch.Added, "removed", ch.Removed,
 		"port_rules", ch.PortRules, "attached", len(ch.Attached), "detached", len(ch.Detached), "syn_ports", ch.SYNPorts)
 	return res
+}
+
+// keepSet keeps the applied config's rules while it names feeds (see
+// cfgSet), and lets them go otherwise: without feeds nothing merges with
+// them between reloads, and a million entries are worth freeing.
+func (d *Daemon) keepSet(cfg *config.Config, set *config.Set) {
+	d.cfgSet = nil
+	if len(cfg.Feeds()) > 0 {
+		d.cfgSet = set
+	}
 }
 
 // useFeeds makes fs the applied feeds after a reload: loops start for new

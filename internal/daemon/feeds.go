@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -22,8 +21,9 @@ type feedSet struct {
 }
 
 // openFeeds makes the feeds cfg names. A feed whose source is unchanged
-// from old keeps its state and copy; a new one starts from its copy on
-// disk, if any, so a restart applies what the fleet last published.
+// from old is kept, and one whose URL and list are (a new token or
+// refresh) takes over the old one's copy; a new one starts from its copy
+// on disk, if any, so a restart applies what the fleet last published.
 func (d *Daemon) openFeeds(cfg *config.Config, old *feedSet) (*feedSet, error) {
 	keep := map[string]*feed.Feed{}
 	if old != nil {
@@ -34,15 +34,20 @@ func (d *Daemon) openFeeds(cfg *config.Config, old *feedSet) (*feedSet, error) {
 	fs := &feedSet{}
 	now := time.Now()
 	for _, src := range cfg.Feeds() {
-		if f, ok := keep[feed.CacheName(src)]; ok && reflect.DeepEqual(f.Src, src) {
-			fs.feeds = append(fs.feeds, f)
+		old, same := keep[feed.CacheName(src)]
+		if same && reflect.DeepEqual(old.Src, src) {
+			fs.feeds = append(fs.feeds, old)
 			continue
 		}
 		f, err := feed.New(src, cfg.Daemon.FeedDir)
 		if err != nil {
 			return nil, err
 		}
-		if err := f.LoadCache(now); err != nil {
+		if same {
+			// Same URL and list, other settings: the copy applied
+			// now stays, not what the disk holds.
+			f.Adopt(old)
+		} else if err := f.LoadCache(now); err != nil {
 			// Fetched again at once; until then the feed adds nothing.
 			d.log.Warn("a feed's saved copy cannot be read; waiting for the server", "url", src.URL, "err", err)
 		}
@@ -119,9 +124,10 @@ func (d *Daemon) FeedStatus() []feed.Status {
 type feedRunner struct {
 	d      *Daemon
 	ctx    context.Context
-	mu     sync.Mutex
-	cancel map[*feed.Feed]context.CancelFunc
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	cancel  map[*feed.Feed]context.CancelFunc
+	stopped bool // a reload still in flight at shutdown starts nothing
+	wg      sync.WaitGroup
 }
 
 // sync starts a loop for each feed of fs that has none and stops the
@@ -129,6 +135,9 @@ type feedRunner struct {
 func (r *feedRunner) sync(fs *feedSet) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
 	live := map[*feed.Feed]bool{}
 	for _, f := range fs.feeds {
 		live[f] = true
@@ -154,6 +163,7 @@ func (r *feedRunner) sync(fs *feedSet) {
 // stop ends every loop and waits for them.
 func (r *feedRunner) stop() {
 	r.mu.Lock()
+	r.stopped = true
 	for f, cancel := range r.cancel {
 		cancel()
 		delete(r.cancel, f)
@@ -184,8 +194,9 @@ func (r *feedRunner) loop(ctx context.Context, f *feed.Feed) {
 }
 
 // applyFeed writes a feed's new copy into the maps as a diff, with every
-// other source of rules as it is: the config's inline rules and rule
-// files (read again), the other feeds, and the rules added at run time.
+// other source of rules as it is: the applied config's inline rules and
+// rule files (as they were read at the last reload), the other feeds, and
+// the rules added at run time.
 // The copy becomes the feed's current one only if the maps took it.
 func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 	d.mu.Lock()
@@ -196,12 +207,8 @@ func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 	start := time.Now()
 	var ch Changes
 	err := func() error {
-		set, err := d.cfg.RuleSet()
-		if err != nil {
-			return fmt.Errorf("the config's rule files no longer read (fix them and reload): %w", err)
-		}
 		return d.withShield(func(s *shield.Shield) error {
-			w := d.desired(set, d.feeds.lists(f, up))
+			w := d.desired(d.cfgSet, d.feeds.lists(f, up))
 			p, err := d.planRules(s, w)
 			if err != nil {
 				return err
@@ -209,7 +216,6 @@ func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 			return d.applyRules(s, w, p, &ch)
 		})
 	}()
-	releaseMemory()
 	if err != nil {
 		f.Reject(err)
 		d.log.Error("feed update refused; its last good copy stays applied", "url", f.Src.URL, "err", err)
@@ -237,32 +243,27 @@ func (d *Daemon) overFeeds(l shield.List, prefixes []netip.Prefix) (rest []netip
 	return rest, feedEntries
 }
 
-// shared is what the share endpoint publishes of a list ("" both): the
-// unexpired rules added at run time and, in the deny list, the rate
+// shared is what the share endpoint publishes of a list: its unexpired
+// rules added at run time and, in the deny list if autoBlocks, the rate
 // limits' auto-blocks, each with its expiry and comment.
-func (d *Daemon) shared(list string) (*rules.Ruleset, error) {
+func (d *Daemon) shared(list string, autoBlocks bool) (*rules.Ruleset, error) {
 	rs := &rules.Ruleset{Allow: []rules.PrefixEntry{}, Deny: []rules.PrefixEntry{}, Ports: []rules.PortEntry{}}
+	l, dst := shield.DenyList, &rs.Deny
+	if list == "allow" {
+		l, dst = shield.AllowList, &rs.Allow
+	}
 	now := time.Now()
 	d.mu.Lock()
-	for l, name := range []string{shield.AllowList: "allow", shield.DenyList: "deny"} {
-		l := shield.List(l)
-		if list != "" && list != name {
-			continue
-		}
-		dst := &rs.Allow
-		if l == shield.DenyList {
-			dst = &rs.Deny
-		}
-		for _, e := range *d.dynamicList(l) {
-			if e.Expires == nil || e.Expires.After(now) {
-				*dst = append(*dst, rules.PrefixEntry{Prefix: e.Prefix, Expires: e.Expires, Comment: e.Comment})
-			}
+	for _, e := range *d.dynamicList(l) {
+		if e.Expires == nil || e.Expires.After(now) {
+			*dst = append(*dst, rules.PrefixEntry{Prefix: e.Prefix, Expires: e.Expires, Comment: e.Comment})
 		}
 	}
 	d.mu.Unlock()
-	if list == "" || list == "deny" {
-		// Auto-blocks are the data path's: read from the maps, without
-		// the daemon's lock (reads of pinned maps need none).
+	if l == shield.DenyList && autoBlocks {
+		// Auto-blocks are the data path's: read from the maps, under
+		// the state's lock but not the daemon's. The share's cache
+		// bounds how much of the time this takes.
 		err := d.withShield(func(s *shield.Shield) error {
 			have, err := s.Entries(shield.DenyList)
 			if err != nil {
@@ -271,7 +272,7 @@ func (d *Daemon) shared(list string) (*rules.Ruleset, error) {
 			for _, e := range have {
 				if e.Auto && e.Expires.After(now) {
 					t := e.Expires.UTC().Truncate(time.Second)
-					rs.Deny = append(rs.Deny, rules.PrefixEntry{Prefix: e.Prefix, Expires: &t, Comment: e.Comment})
+					*dst = append(*dst, rules.PrefixEntry{Prefix: e.Prefix, Expires: &t, Comment: e.Comment})
 				}
 			}
 			return nil
@@ -280,9 +281,7 @@ func (d *Daemon) shared(list string) (*rules.Ruleset, error) {
 			return nil, err
 		}
 	}
-	for _, l := range []*[]rules.PrefixEntry{&rs.Allow, &rs.Deny} {
-		slices.SortStableFunc(*l, func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) })
-		*l = slices.CompactFunc(*l, func(a, b rules.PrefixEntry) bool { return a.Prefix == b.Prefix })
-	}
+	slices.SortStableFunc(*dst, func(a, b rules.PrefixEntry) int { return rules.ComparePrefixes(a.Prefix, b.Prefix) })
+	*dst = slices.CompactFunc(*dst, func(a, b rules.PrefixEntry) bool { return a.Prefix == b.Prefix })
 	return rs, nil
 }

@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -34,6 +35,42 @@ func (e *env) waitRules(what string, cond func([]string) bool) {
 	}
 }
 
+// httpGet asks url with a bearer token ("" none) from inside the lab's
+// server namespace and returns the status code.
+func (e *env) httpGet(url, token string) int {
+	e.t.Helper()
+	code := 0
+	if err := e.lab.Server.Do(func() error {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		// Dialled here, on the namespace's thread: http.Client dials
+		// from goroutines of its own, outside the namespace.
+		c, err := net.Dial("tcp", req.URL.Host)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := req.Write(c); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		code = resp.StatusCode
+		return nil
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	return code
+}
+
 // feeds reads `moat feeds --json`.
 func (e *env) feeds() []feed.Status {
 	e.t.Helper()
@@ -64,10 +101,10 @@ func TestFleetSharesRunTimeRules(t *testing.T) {
 	}
 	port := 20000 + rand.IntN(20000) // the lab's namespace is new: nothing listens there
 	a.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 198.51.100.0/24\nshare:\n  address: 127.0.0.1:%d\n  token_file: %s\n"+
-		"limits:\n  - {kind: source, scope: udp/9, pps: 20, burst_packets: 20, block: 10m}\nlimit_settings:\n  gate: none\n",
+		"  auto_blocks: true\nlimits:\n  - {kind: source, scope: udp/9, pps: 20, burst_packets: 20, block: 10m}\nlimit_settings:\n  gate: none\n",
 		a.attackerIf(), port, token))
 	a.start()
-	b.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\nlists:\n  - url: http://127.0.0.1:%d/v1/share?list=deny\n    refresh: 1s\n    token_file: %s\n",
+	b.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\nlists:\n  - url: http://127.0.0.1:%d/v1/share\n    refresh: 1s\n    token_file: %s\n",
 		b.clientIf(), port, bToken))
 	sink := a.listenUDP()
 
@@ -104,17 +141,38 @@ func TestFleetSharesRunTimeRules(t *testing.T) {
 	autoBlocked := "deny " + attacker.IPv4.Addr().String() + "/32 auto-block on udp/9: over 20pps per source"
 	b.waitRules("A's auto-block reaches B", func(r []string) bool { return contains(r, autoBlocked) })
 
-	// B cannot add a run-time rule over the feed's: it is blocked.
-	if r := b.moat("block", client); r.code == 0 || !strings.Contains(r.stderr, "already in the denylist") {
-		t.Fatalf("block of a prefix the feed holds: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	// The share serves the deny list alone, and only with the token.
+	shareURL := fmt.Sprintf("http://127.0.0.1:%d/v1/share", port)
+	for _, c := range []struct {
+		query, token string
+		code         int
+	}{{"", "fleet-secret-1", 200}, {"?list=deny", "", 401}, {"?list=deny", "guess", 401}, {"?list=allow", "fleet-secret-1", 403}, {"?list=ports", "fleet-secret-1", 400}} {
+		if got := a.httpGet(shareURL+c.query, c.token); got != c.code {
+			t.Errorf("GET /v1/share%s with token %q: %d, want %d", c.query, c.token, got, c.code)
+		}
+	}
+
+	// A run-time rule of B's over a prefix only the feed holds applies
+	// while it lasts; unblocked, the feed's comes back. An unblock of a
+	// feed's prefix names the feed.
+	b.mustMoat("block", "192.0.2.40", "--comment", "B's own")
+	if r := b.rulesNow(); !contains(r, "deny 192.0.2.40/32 B's own") {
+		t.Fatalf("B's block over the feed's entry:\n%s", strings.Join(r, "\n"))
+	}
+	b.mustMoat("unblock", "192.0.2.40")
+	if r := b.rulesNow(); !contains(r, "deny 192.0.2.40/32 from A") {
+		t.Fatalf("after B's unblock, the feed's entry is not back:\n%s", strings.Join(r, "\n"))
 	}
 	if r := b.moat("unblock", "192.0.2.40"); r.code == 0 || !strings.Contains(r.stderr, "comes from the feed http://127.0.0.1") {
 		t.Fatalf("unblock of a feed's prefix: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	if r := b.moat("block", "203.0.113.5"); r.code == 0 || !strings.Contains(r.stderr, "already in the denylist") {
+		t.Fatalf("block of a config prefix: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 
 	// A run-time rule of B's own outlives the feed's for the same
 	// prefix while it lasts; when it expires, the feed's applies again.
-	b.mustMoat("block", "192.0.2.50", "--ttl", "3s", "--comment", "B's own")
+	b.mustMoat("block", "192.0.2.50", "--ttl", "6s", "--comment", "B's own")
 	a.mustMoat("block", "192.0.2.50", "--ttl", "1h", "--comment", "A's")
 	b.waitRules("the feed carries 192.0.2.50", func([]string) bool { return b.feeds()[0].Deny == 4 })
 	if r := b.rulesNow(); !contains(r, "deny 192.0.2.50/32 B's own") {
@@ -196,9 +254,14 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 	e := newEnv(t)
 	var mu sync.Mutex
 	body := "192.0.2.0/24\n198.51.100.9\n"
+	failing := false
 	base := serveInLab(t, e, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
+		if failing {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprint(w, body)
 	}))
 	setBody := func(s string) { mu.Lock(); body = s; mu.Unlock() }
@@ -235,8 +298,27 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 	if f := e.feeds()[0]; f.Error != "" || f.Deny != 2 {
 		t.Fatalf("after a good copy: %+v", f)
 	}
-	if saved, _ := filepath.Glob(filepath.Join(e.dir, "feeds", "feed-*")); len(saved) != 2 {
+	saved, _ := filepath.Glob(filepath.Join(e.dir, "feeds", "feed-*"))
+	if len(saved) != 2 {
 		t.Fatalf("saved copy and its validators: %v", saved)
+	}
+
+	// A reload that changes the feed's refresh keeps the copy in hand,
+	// even when the disk has none and the server fails.
+	mu.Lock()
+	failing = true
+	mu.Unlock()
+	for _, f := range saved {
+		os.Remove(f)
+	}
+	e.writeConfig(strings.Replace(withFeed, "refresh: 1s", "refresh: 2s", 1))
+	e.mustMoat("reload")
+	e.waitRules("a failing fetch after the reload", func([]string) bool { return strings.Contains(e.feeds()[0].Error, "503") })
+	if r := e.rulesNow(); !contains(r, "deny 2001:db8::/48") || !contains(r, "deny 192.0.2.0/24") {
+		t.Fatalf("a reload that changed the refresh lost the feed's copy:\n%s", strings.Join(r, "\n"))
+	}
+	if f := e.feeds()[0]; f.Refresh != "2s" || f.Deny != 2 {
+		t.Fatalf("after the reload: %+v", f)
 	}
 
 	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\n", e.attackerIf()))

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -111,15 +112,19 @@ func readToken(name string) (string, error) {
 }
 
 // serveShare publishes the rules this host made at run time on ln, for
-// the feeds of other hosts: GET /v1/share (both lists) or
-// /v1/share?list=deny, as the JSON `moat export` writes, with expiries.
-// Only rules that started here are shared (blocks and allows through the
-// CLI and API, and rate limits' auto-blocks); the config's own rules and
-// what feeds brought are not, so hosts that pull from each other never
-// pass an entry round in a loop, and an entry leaves the fleet when it
-// leaves the host it started on.
+// the feeds of other hosts: GET /v1/share (the deny list) or
+// /v1/share?list=allow (if share.allow_list), as the JSON `moat export`
+// writes, with expiries. Only rules that started here are shared (rules
+// added through the CLI and API, and if share.auto_blocks the rate
+// limits' auto-blocks); the config's own rules and what feeds brought
+// are not, so hosts that pull from each other never pass an entry round
+// in a loop, and an entry leaves the fleet when it leaves the host it
+// started on.
 func (d *Daemon) serveShare(ln net.Listener, sh config.Share) *http.Server {
-	sc := &shareCache{d: d}
+	sc := &shareCache{d: d, autoBlocks: sh.AutoBlocks}
+	if sh.CertFile == "" && sh.TokenFile != "" && !isLoopback(ln.Addr()) {
+		d.log.Warn("share: the bearer token travels in clear over http; set share.cert_file and share.key_file to serve https", "address", ln.Addr().String())
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/share", func(w http.ResponseWriter, r *http.Request) {
 		if sh.TokenFile != "" {
@@ -135,8 +140,14 @@ func (d *Daemon) serveShare(ln net.Listener, sh config.Share) *http.Server {
 			}
 		}
 		list := r.URL.Query().Get("list")
-		if list != "" && list != "allow" && list != "deny" {
-			http.Error(w, "invalid list: want allow or deny", http.StatusBadRequest)
+		switch {
+		case list == "":
+			list = "deny"
+		case list == "allow" && !sh.AllowList:
+			http.Error(w, "this host does not share its allow list (share.allow_list)", http.StatusForbidden)
+			return
+		case list != "allow" && list != "deny":
+			http.Error(w, "invalid list: want deny or allow", http.StatusBadRequest)
 			return
 		}
 		body, etag, err := sc.get(list)
@@ -164,31 +175,40 @@ func (d *Daemon) serveShare(ln net.Listener, sh config.Share) *http.Server {
 	return srv
 }
 
-// shareCache keeps the last body served a second at most: many hosts
-// pulling at once cost one read of the lists, not one each.
+// shareCache keeps the last body it built: many hosts pulling at once
+// cost one build, not one each. A body lasts a second, or twenty times
+// what building it took (a million auto-blocks read from the maps), so
+// the share never keeps the daemon busy more than a twentieth of the time.
 type shareCache struct {
-	d  *Daemon
-	mu sync.Mutex
-	at map[string]time.Time
-	by map[string][]byte
+	d          *Daemon
+	autoBlocks bool
+	mu         sync.Mutex
+	until      map[string]time.Time
+	by         map[string][]byte
 }
 
 func (sc *shareCache) get(list string) (body []byte, etag string, err error) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if sc.by == nil {
-		sc.at, sc.by = map[string]time.Time{}, map[string][]byte{}
+		sc.until, sc.by = map[string]time.Time{}, map[string][]byte{}
 	}
-	if time.Since(sc.at[list]) > time.Second {
-		rs, err := sc.d.shared(list)
+	if now := time.Now(); now.After(sc.until[list]) {
+		rs, err := sc.d.shared(list, sc.autoBlocks)
 		if err != nil {
 			return nil, "", err
 		}
 		if sc.by[list], err = json.MarshalIndent(rs, "", "  "); err != nil {
 			return nil, "", err
 		}
-		sc.at[list] = time.Now()
+		sc.until[list] = time.Now().Add(max(time.Second, 20*time.Since(now)))
 	}
 	sum := sha256.Sum256(sc.by[list])
 	return sc.by[list], `"` + hex.EncodeToString(sum[:16]) + `"`, nil
+}
+
+// isLoopback tells whether a listener's address is a loopback one.
+func isLoopback(a net.Addr) bool {
+	ap, err := netip.ParseAddrPort(a.String())
+	return err == nil && ap.Addr().IsLoopback()
 }

@@ -151,6 +151,7 @@ type Feed struct {
 	meta      meta
 	st        Status
 	fromCache bool
+	unsaved   *Update // the current copy, if saving it failed: saved again at the next fetch
 }
 
 // meta is what is kept beside a cached copy.
@@ -230,6 +231,20 @@ func (f *Feed) LoadCache(now time.Time) error {
 	return nil
 }
 
+// Adopt takes over the copy, validators and counts of old, a feed of
+// the same URL and list whose other settings (refresh, token, CA) changed:
+// the copy in hand stays applied, whatever the disk holds.
+func (f *Feed) Adopt(old *Feed) {
+	old.mu.Lock()
+	rs, sum, m, st, fromCache, unsaved := old.rules, old.sum, old.meta, old.st, old.fromCache, old.unsaved
+	old.mu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rules, f.sum, f.meta, f.fromCache, f.unsaved = rs, sum, m, fromCache, unsaved
+	st.Refresh = f.st.Refresh
+	f.st = st
+}
+
 // Rules is the current copy (nil before the first). Callers must not
 // change it.
 func (f *Feed) Rules() *rules.Ruleset {
@@ -273,6 +288,13 @@ func (f *Feed) Fetch(ctx context.Context, now time.Time) (*Update, error) {
 		f.st.LastSuccess, f.st.Error = now, ""
 		if f.fromCache {
 			f.fromCache, f.st.FromCache = false, false
+		}
+		if f.unsaved != nil {
+			if err := f.save(f.unsaved); err != nil {
+				f.st.Error = "saving the copy: " + err.Error()
+			} else {
+				f.unsaved = nil
+			}
 		}
 	}
 	return up, nil
@@ -346,11 +368,28 @@ func (f *Feed) Commit(up *Update, now time.Time) error {
 	f.rules, f.sum, f.meta, f.fromCache = up.Rules, sha256.Sum256(up.body), up.meta, false
 	f.st.Allow, f.st.Deny = len(up.Rules.Allow), len(up.Rules.Deny)
 	f.st.LastSuccess, f.st.LastChange, f.st.Error, f.st.FromCache = now, now, "", false
+	f.unsaved = nil
+	err := f.save(up)
+	if err != nil {
+		f.unsaved = up
+		f.st.Error = "saving the copy: " + err.Error()
+	}
 	f.mu.Unlock()
-	mb, _ := json.Marshal(up.meta)
+	return err
+}
+
+// save writes a copy and its validators to the feed's files. The old
+// validators go first and the new ones last, so they never describe
+// another copy than the one saved (without them, the next start fetches
+// the whole list).
+func (f *Feed) save(up *Update) error {
+	if err := os.Remove(f.cache + ".meta"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	if err := state.WriteFile(f.cache, up.body); err != nil {
 		return err
 	}
+	mb, _ := json.Marshal(up.meta)
 	return state.WriteFile(f.cache+".meta", mb)
 }
 

@@ -284,3 +284,50 @@ func TestCheckURL(t *testing.T) {
 		}
 	}
 }
+
+// A copy that could not be saved is current all the same, and saved at
+// the next fetch that confirms it; a feed that adopts another takes its
+// copy, validators and counts, not what the disk holds.
+func TestUnsavedCopyAndAdopt(t *testing.T) {
+	srv := &server{body: "192.0.2.1\n", etag: `"v1"`}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	dir := filepath.Join(t.TempDir(), "feeds")
+	if err := os.WriteFile(dir, nil, 0o600); err != nil { // a file where the directory should be
+		t.Fatal(err)
+	}
+	src := feed.Source{URL: ts.URL, List: "deny", Refresh: time.Second}
+	f := mustNew(t, src, dir)
+	ctx := context.Background()
+	up, err := f.Fetch(ctx, time.Now())
+	if err != nil || up == nil {
+		t.Fatal(up, err)
+	}
+	if err := f.Commit(up, time.Now()); err == nil {
+		t.Fatal("saving into a file as a directory worked")
+	}
+	if st := f.Status(); f.Rules() == nil || !strings.HasPrefix(st.Error, "saving the copy: ") {
+		t.Fatalf("after a failed save: %+v", st)
+	}
+
+	g := mustNew(t, feed.Source{URL: ts.URL, List: "deny", Refresh: 2 * time.Second}, dir)
+	g.Adopt(f)
+	if g.Rules() == nil || prefixes(g.Rules().Deny) != "192.0.2.1/32" || g.Status().Refresh != "2s" || g.Status().Deny != 1 {
+		t.Fatalf("adopted: %+v", g.Status())
+	}
+
+	os.Remove(dir)
+	if up, err := g.Fetch(ctx, time.Now()); up != nil || err != nil {
+		t.Fatalf("a 304 after adoption (validators carried over): %v %v", up, err)
+	}
+	if srv.notMod != 1 {
+		t.Fatalf("304s: %d", srv.notMod)
+	}
+	if st := g.Status(); st.Error != "" {
+		t.Fatalf("the retried save: %+v", st)
+	}
+	h := mustNew(t, src, dir)
+	if err := h.LoadCache(time.Now()); err != nil || h.Rules() == nil || prefixes(h.Rules().Deny) != "192.0.2.1/32" {
+		t.Fatalf("the copy saved at the retry: %v", err)
+	}
+}
