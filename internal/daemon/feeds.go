@@ -122,8 +122,8 @@ func (d *Daemon) FeedStatus() []feed.Status {
 // feedRunner fetches each feed of the applied config every refresh
 // period, one goroutine a feed, and applies what changed.
 type feedRunner struct {
-	d      *Daemon
-	ctx    context.Context
+	d       *Daemon
+	ctx     context.Context
 	mu      sync.Mutex
 	cancel  map[*feed.Feed]context.CancelFunc
 	stopped bool // a reload still in flight at shutdown starts nothing

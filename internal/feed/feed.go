@@ -183,13 +183,13 @@ func New(src Source, dir string) (*Feed, error) {
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
 	f := &Feed{
-		Src:    src,
+		Src: src,
 		client: &http.Client{Transport: tr, Timeout: Timeout,
 			// A redirect is answered as an error: the token must reach
 			// the URL the config names and no other (an https URL
 			// redirected to http would send it in clear).
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		cache:  filepath.Join(dir, CacheName(src)),
+		cache: filepath.Join(dir, CacheName(src)),
 	}
 	f.st = Status{URL: src.URL, List: src.List, Refresh: src.Refresh.String()}
 	return f, nil
