@@ -333,6 +333,20 @@ func (e *env) attachment() shield.Attachment {
 	return shield.Attachment{}
 }
 
+// listenLoopback listens on a free TCP port of loopback in the lab's
+// server namespace, where the daemon runs.
+func (e *env) listenLoopback() net.Listener {
+	e.t.Helper()
+	var ln net.Listener
+	if err := e.lab.Server.Do(func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	return ln
+}
+
 func (e *env) attackerIf() string { return e.lab.Server.Ifaces[1].Name }
 func (e *env) clientIf() string   { return e.lab.Server.Ifaces[0].Name }
 

@@ -234,13 +234,7 @@ func TestFleetSharesRunTimeRules(t *testing.T) {
 // where the daemons run, and returns the base URL.
 func serveInLab(t *testing.T, e *env, h http.Handler) string {
 	t.Helper()
-	var ln net.Listener
-	if err := e.lab.Server.Do(func() (err error) {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ln := e.listenLoopback()
 	srv := &http.Server{Handler: h}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })

@@ -3,7 +3,6 @@ package daemon_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -222,13 +221,7 @@ func (e *env) runToExit(cfg string) (string, int) {
 // anything: a fresh root is not even made.
 func TestMetricsAddressTakenRefusesStart(t *testing.T) {
 	e := newEnv(t)
-	var ln net.Listener
-	if err := e.lab.Server.Do(func() (err error) {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ln := e.listenLoopback()
 	defer ln.Close()
 	text := fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.0/24\nmetrics:\n  address: %s\ndaemon:\n  bpffs_root: %s\n  state_file: %s\n  socket: %s\n",
 		e.attackerIf(), ln.Addr(), e.root, e.stateFile, e.sock)
