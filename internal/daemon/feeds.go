@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"reflect"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -199,6 +200,10 @@ func (r *feedRunner) loop(ctx context.Context, f *feed.Feed) {
 // the rules added at run time.
 // The copy becomes the feed's current one only if the maps took it.
 func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
+	// As at a reload: a long list passes through several copies, and
+	// they are freed once the maps hold it.
+	defer releaseMemory()
+	defer debug.SetGCPercent(debug.SetGCPercent(loadGCPercent))
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !slices.Contains(d.feeds.feeds, f) {
