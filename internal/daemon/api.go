@@ -248,9 +248,12 @@ func (d *Daemon) AddPrefixes(req PrefixRequest) (int, error) {
 	})
 }
 
-// isDynamic tells whether a run-time rule holds p.
+// isDynamic tells whether a run-time rule that has not expired holds p.
 func (d *Daemon) isDynamic(l shield.List, p netip.Prefix) bool {
-	return slices.ContainsFunc(*d.dynamicList(l), func(e rules.PrefixEntry) bool { return e.Prefix == p })
+	now := time.Now()
+	return slices.ContainsFunc(*d.dynamicList(l), func(e rules.PrefixEntry) bool {
+		return e.Prefix == p && (e.Expires == nil || e.Expires.After(now))
+	})
 }
 
 // inConfig tells whether the applied config's rules (inline or from its

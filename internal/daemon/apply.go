@@ -24,6 +24,12 @@ type Changes struct {
 	Attached  []string `json:"attached,omitempty"`
 	Detached  []string `json:"detached,omitempty"`
 	SYNPorts  int      `json:"syn_ports"`
+
+	// applied is what the maps were made to hold; once the whole
+	// config is in place, its run-time rules that the config now holds
+	// leave the state (dropShadowed), and not before: a later step that
+	// fails keeps the old config, whose rules do not hold them.
+	applied *wanted
 }
 
 // refusal is an error decided before applyDiff changed anything, or after
@@ -154,7 +160,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 	if err := d.applyRules(s, want, plan, &ch); err != nil {
 		return ch, err
 	}
-	d.dropShadowed(want)
+	ch.applied = want
 
 	keep := map[string]bool{}
 	for _, i := range cfg.Interfaces {
@@ -322,7 +328,8 @@ func (d *Daemon) desired(set *config.Set, feeds [2][]rules.PrefixEntry) *wanted 
 
 // dropShadowed removes from the state the dynamic rules that the config
 // now holds: removing one through the API later must not remove the
-// config's rule. The caller saves the state.
+// config's rule. Called once the config is applied whole; the caller
+// saves the state.
 func (d *Daemon) dropShadowed(w *wanted) {
 	n := 0
 	for li, l := range []*[]rules.PrefixEntry{&d.st.Allow, &d.st.Deny} {

@@ -54,6 +54,31 @@ func releaseMemory() {
 // loadGCPercent is the GOGC of the daemon while it loads a config.
 const loadGCPercent = 25
 
+var gcLow struct {
+	sync.Mutex
+	holders int
+	saved   int
+}
+
+// lowerGC sets GOGC to loadGCPercent until the returned function is
+// called; a reload and a feed's apply may overlap, and the value before
+// the first comes back after the last.
+func lowerGC() (restore func()) {
+	gcLow.Lock()
+	if gcLow.holders == 0 {
+		gcLow.saved = debug.SetGCPercent(loadGCPercent)
+	}
+	gcLow.holders++
+	gcLow.Unlock()
+	return func() {
+		gcLow.Lock()
+		if gcLow.holders--; gcLow.holders == 0 {
+			debug.SetGCPercent(gcLow.saved)
+		}
+		gcLow.Unlock()
+	}
+}
+
 // Options configure Run.
 type Options struct {
 	ConfigPath string
@@ -157,7 +182,7 @@ func Run(ctx context.Context, opts Options) error {
 	fresh := errors.Is(statErr, os.ErrNotExist)
 	// A million rules pass through several copies while they are loaded;
 	// collecting more often keeps the peak near the live size.
-	gc := debug.SetGCPercent(loadGCPercent)
+	restoreGC := lowerGC()
 	d.mu.Lock()
 	var ch Changes
 	fs, err := d.openFeeds(cfg, nil)
@@ -168,6 +193,7 @@ func Run(ctx context.Context, opts Options) error {
 		})
 	}
 	if err == nil {
+		d.dropShadowed(ch.applied)
 		d.feeds = fs
 		d.keepSet(cfg, set)
 	}
@@ -179,7 +205,7 @@ func Run(ctx context.Context, opts Options) error {
 	d.lastReload = time.Now()
 	d.mu.Unlock()
 	set = nil
-	debug.SetGCPercent(gc)
+	restoreGC()
 	releaseMemory() // the rule lists were only needed to write the maps
 	if err != nil {
 		if fresh {
@@ -520,7 +546,7 @@ type ReloadResult struct {
 // diff. A bad config changes nothing.
 func (d *Daemon) Reload() ReloadResult {
 	start := time.Now()
-	defer debug.SetGCPercent(debug.SetGCPercent(loadGCPercent))
+	defer lowerGC()()
 	defer releaseMemory()
 	cfg, set, err := config.Load(d.opts.ConfigPath)
 	if err != nil {
@@ -562,6 +588,7 @@ func (d *Daemon) Reload() ReloadResult {
 		d.log.Error("reload failed part way; the rules present before and after are in place", "err", err)
 		return ReloadResult{Errors: []string{err.Error()}, Changes: ch}
 	}
+	d.dropShadowed(ch.applied)
 	d.cfg = cfg
 	d.useFeeds(fs)
 	d.keepSet(cfg, set)

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"net/netip"
-	"reflect"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -36,7 +34,7 @@ func (d *Daemon) openFeeds(cfg *config.Config, old *feedSet) (*feedSet, error) {
 	now := time.Now()
 	for _, src := range cfg.Feeds() {
 		old, same := keep[feed.CacheName(src)]
-		if same && reflect.DeepEqual(old.Src, src) {
+		if same && old.Same(src) {
 			fs.feeds = append(fs.feeds, old)
 			continue
 		}
@@ -185,6 +183,8 @@ func (r *feedRunner) loop(ctx context.Context, f *feed.Feed) {
 			r.d.log.Error("feed fetch failed; its last good copy stays applied", "url", f.Src.URL, "err", err)
 		case up != nil:
 			r.d.applyFeed(f, up)
+		case f.Unsaved():
+			r.d.saveFeed(f)
 		}
 		select {
 		case <-ctx.Done():
@@ -203,7 +203,7 @@ func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 	// As at a reload: a long list passes through several copies, and
 	// they are freed once the maps hold it.
 	defer releaseMemory()
-	defer debug.SetGCPercent(debug.SetGCPercent(loadGCPercent))
+	defer lowerGC()()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !slices.Contains(d.feeds.feeds, f) {
@@ -222,7 +222,7 @@ func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 		})
 	}()
 	if err != nil {
-		f.Reject(err)
+		f.Reject(up, err, time.Now())
 		d.log.Error("feed update refused; its last good copy stays applied", "url", f.Src.URL, "err", err)
 		return
 	}
@@ -231,6 +231,19 @@ func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 	}
 	d.log.Info("feed applied", "url", f.Src.URL, "allow", len(up.Rules.Allow), "deny", len(up.Rules.Deny),
 		"added", ch.Added, "removed", ch.Removed, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// saveFeed saves a feed's copy that could not be saved when it was
+// applied, if the feed is still the config's.
+func (d *Daemon) saveFeed(f *feed.Feed) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !slices.Contains(d.feeds.feeds, f) {
+		return
+	}
+	if err := f.SaveUnsaved(); err != nil {
+		d.log.Error("a feed's copy still cannot be saved: a restart applies the older one until the next fetch", "url", f.Src.URL, "err", err)
+	}
 }
 
 // overFeeds splits prefixes whose run-time rule goes (it expired, or was

@@ -246,20 +246,8 @@ func serveInLab(t *testing.T, e *env, h http.Handler) string {
 // entries and its saved copy.
 func TestFeedRefusedAndReloaded(t *testing.T) {
 	e := newEnv(t)
-	var mu sync.Mutex
-	body := "192.0.2.0/24\n198.51.100.9\n"
-	failing := false
-	base := serveInLab(t, e, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		if failing {
-			http.Error(w, "down", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprint(w, body)
-	}))
-	setBody := func(s string) { mu.Lock(); body = s; mu.Unlock() }
-	withFeed := fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\nlists:\n  - url: %s/deny.txt\n    refresh: 1s\n", e.attackerIf(), base)
+	ls := newListServer(t, e, "192.0.2.0/24\n198.51.100.9\n")
+	withFeed := fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 203.0.113.5\nlists:\n  - url: %s\n    refresh: 1s\n", e.attackerIf(), ls.URL)
 	// check-config names the feed; a CA file without certificates is
 	// refused there, as the daemon would refuse it.
 	badCA := filepath.Join(e.dir, "ca.pem")
@@ -279,13 +267,13 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 		return contains(r, "deny 192.0.2.0/24") && contains(r, "deny 198.51.100.9/32")
 	})
 
-	setBody("192.0.2.0/24\n198.51.100.300\n")
+	ls.set("192.0.2.0/24\n198.51.100.300\n")
 	e.waitRules("a failing feed", func([]string) bool { return strings.Contains(e.feeds()[0].Error, ":2: ") })
 	if r := e.rulesNow(); !contains(r, "deny 198.51.100.9/32") || !contains(r, "deny 203.0.113.5/32") {
 		t.Fatalf("a bad copy changed the rules:\n%s", strings.Join(r, "\n"))
 	}
 
-	setBody("192.0.2.0/24\n2001:db8::/48\n")
+	ls.set("192.0.2.0/24\n2001:db8::/48\n")
 	e.waitRules("the new copy", func(r []string) bool {
 		return contains(r, "deny 2001:db8::/48") && !contains(r, "deny 198.51.100.9/32") && contains(r, "deny 192.0.2.0/24")
 	})
@@ -299,9 +287,7 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 
 	// A reload that changes the feed's refresh keeps the copy in hand,
 	// even when the disk has none and the server fails.
-	mu.Lock()
-	failing = true
-	mu.Unlock()
+	ls.fail()
 	for _, f := range saved {
 		os.Remove(f)
 	}
@@ -325,5 +311,81 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 	}
 	if out := e.mustMoat("feeds").stdout; !strings.Contains(out, "no feeds") {
 		t.Fatalf("moat feeds: %q", out)
+	}
+}
+
+// listServer serves a plain list in the lab whose body a test changes;
+// fail makes it answer 503.
+type listServer struct {
+	URL    string
+	mu     sync.Mutex
+	body   string
+	failed bool
+}
+
+func newListServer(t *testing.T, e *env, body string) *listServer {
+	ls := &listServer{body: body}
+	ls.URL = serveInLab(t, e, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		if ls.failed {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, ls.body)
+	})) + "/list.txt"
+	return ls
+}
+
+func (ls *listServer) set(body string) { ls.mu.Lock(); ls.body = body; ls.mu.Unlock() }
+func (ls *listServer) fail()           { ls.mu.Lock(); ls.failed = true; ls.mu.Unlock() }
+
+// A reload that fails part way keeps the old config, and with it the
+// run-time rules the new config would have held: a feed's change after it
+// must not delete one, nor may a block after it forget one.
+func TestFeedAfterAPartialReload(t *testing.T) {
+	e := newEnv(t)
+	ls := newListServer(t, e, "192.0.2.1\n")
+	feedPart := fmt.Sprintf("lists:\n  - url: %s\n    refresh: 1s\n", ls.URL)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n  - name: %s\n", e.attackerIf(), e.clientIf()) + feedPart)
+	e.start()
+	e.waitRules("the feed", func(r []string) bool { return contains(r, "deny 192.0.2.1/32") })
+	e.mustMoat("block", "198.51.100.7", "--ttl", "1h", "--comment", "run time")
+	// The client interface's pins vanish behind the daemon's back: the
+	// reload that detaches it fails after the rules are written.
+	if err := os.RemoveAll(filepath.Join(e.root, "ifaces", e.clientIf())); err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\ndeny:\n  - 198.51.100.7\n", e.attackerIf()) + feedPart)
+	if r := e.moat("reload"); r.code == 0 {
+		t.Fatalf("the reload did not fail: %s", r.stdout)
+	}
+	ls.set("192.0.2.1\n192.0.2.2\n")
+	e.waitRules("the feed's change", func(r []string) bool { return contains(r, "deny 192.0.2.2/32") })
+	if r := e.rulesNow(); !contains(r, "deny 198.51.100.7/32 run time") {
+		t.Fatalf("the run-time rule is gone after the feed's change:\n%s", strings.Join(r, "\n"))
+	}
+	e.mustMoat("block", "198.51.100.8")
+	if st, err := os.ReadFile(e.stateFile); err != nil || !strings.Contains(string(st), "198.51.100.7") {
+		t.Fatalf("the state file lost the run-time rule (%v):\n%s", err, st)
+	}
+}
+
+// A run-time rule over a feed's entry that expired, but that the expiry
+// run has not removed yet, does not stand in the way of a new block.
+func TestBlockAgainOverAFeedAfterExpiry(t *testing.T) {
+	e := newEnv(t)
+	e.expireEvery = "1h" // the state keeps the expired rule
+	ls := newListServer(t, e, "192.0.2.60\n")
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nlists:\n  - url: %s\n    refresh: 1s\n", e.attackerIf(), ls.URL))
+	e.start()
+	e.waitRules("the feed", func(r []string) bool { return contains(r, "deny 192.0.2.60/32") })
+	e.mustMoat("block", "192.0.2.60", "--ttl", "1s", "--comment", "short")
+	time.Sleep(1500 * time.Millisecond)
+	ls.set("192.0.2.60\n192.0.2.70\n") // the change writes the feed's entry back
+	e.waitRules("the feed's change", func(r []string) bool { return contains(r, "deny 192.0.2.60/32") && contains(r, "deny 192.0.2.70/32") })
+	e.mustMoat("block", "192.0.2.60", "--ttl", "1h", "--comment", "again")
+	if r := e.rulesNow(); !contains(r, "deny 192.0.2.60/32 again") {
+		t.Fatalf("the new block is not in place:\n%s", strings.Join(r, "\n"))
 	}
 }

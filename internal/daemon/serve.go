@@ -178,7 +178,9 @@ func (d *Daemon) serveShare(ln net.Listener, sh config.Share) *http.Server {
 // shareCache keeps the last body it built: many hosts pulling at once
 // cost one build, not one each. A body lasts a second, or twenty times
 // what building it took (a million auto-blocks read from the maps), so
-// the share never keeps the daemon busy more than a twentieth of the time.
+// the share seldom keeps the daemon busy more than a twentieth of the
+// time; never more than 10 s, as a build that waited for a reload would
+// otherwise hold back blocks for long.
 type shareCache struct {
 	d          *Daemon
 	autoBlocks bool
@@ -201,7 +203,7 @@ func (sc *shareCache) get(list string) (body []byte, etag string, err error) {
 		if sc.by[list], err = json.MarshalIndent(rs, "", "  "); err != nil {
 			return nil, "", err
 		}
-		sc.until[list] = time.Now().Add(max(time.Second, 20*time.Since(now)))
+		sc.until[list] = time.Now().Add(min(10*time.Second, max(time.Second, 20*time.Since(now))))
 	}
 	sum := sha256.Sum256(sc.by[list])
 	return sc.by[list], `"` + hex.EncodeToString(sum[:16]) + `"`, nil

@@ -145,6 +145,8 @@ type Feed struct {
 	client *http.Client
 	cache  string // file of the current copy; cache+".meta" its validators
 
+	caSum [sha256.Size]byte // of the CA file the client trusts
+
 	mu        sync.Mutex
 	rules     *rules.Ruleset // current copy, expired entries left out
 	sum       [sha256.Size]byte
@@ -152,7 +154,17 @@ type Feed struct {
 	st        Status
 	fromCache bool
 	unsaved   *Update // the current copy, if saving it failed: saved again at the next fetch
+	// refused is the copy the maps refused last, and until when the
+	// same bytes are not offered again: each try reads the whole lists.
+	refused      [sha256.Size]byte
+	refusedUntil time.Time
+	refusedErr   string
 }
+
+// RetryRefusedAfter is how long a copy the maps refused is not applied
+// again while the server keeps serving it (the rules it competes with
+// may change meanwhile).
+const RetryRefusedAfter = 5 * time.Minute
 
 // meta is what is kept beside a cached copy.
 type meta struct {
@@ -171,11 +183,13 @@ func New(src Source, dir string) (*Feed, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // a fleet's feed is reached directly, whatever the daemon's environment says
+	var caSum [sha256.Size]byte
 	if src.CAFile != "" {
 		pem, err := os.ReadFile(src.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("feed %s: %w", src.URL, err)
 		}
+		caSum = sha256.Sum256(pem)
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("feed %s: %s holds no PEM certificate", src.URL, src.CAFile)
@@ -190,9 +204,27 @@ func New(src Source, dir string) (*Feed, error) {
 			// redirected to http would send it in clear).
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		cache: filepath.Join(dir, CacheName(src)),
+		caSum: caSum,
 	}
 	f.st = Status{URL: src.URL, List: src.List, Refresh: src.Refresh.String()}
 	return f, nil
+}
+
+// Same tells whether f fetches src as it is now: the same settings, and
+// the CA file (read again) unchanged. A reload after a CA was replaced in
+// place makes a new client.
+func (f *Feed) Same(src Source) bool {
+	if src.Refresh == 0 {
+		src.Refresh = DefaultRefresh
+	}
+	if f.Src != src {
+		return false
+	}
+	if src.CAFile == "" {
+		return true
+	}
+	pem, err := os.ReadFile(src.CAFile)
+	return err == nil && sha256.Sum256(pem) == f.caSum
 }
 
 // CacheName is the file a source's copy is kept in: named by a hash of
@@ -289,15 +321,33 @@ func (f *Feed) Fetch(ctx context.Context, now time.Time) (*Update, error) {
 		if f.fromCache {
 			f.fromCache, f.st.FromCache = false, false
 		}
-		if f.unsaved != nil {
-			if err := f.save(f.unsaved); err != nil {
-				f.st.Error = "saving the copy: " + err.Error()
-			} else {
-				f.unsaved = nil
-			}
-		}
 	}
 	return up, nil
+}
+
+// Unsaved tells whether the current copy still waits to be saved.
+func (f *Feed) Unsaved() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.unsaved != nil
+}
+
+// SaveUnsaved saves the current copy if an earlier save failed. The
+// daemon calls it after a fetch confirmed the copy, under the same lock
+// as its reloads, so the copy of a feed a reload dropped (and deleted)
+// is never written back.
+func (f *Feed) SaveUnsaved() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.unsaved == nil {
+		return nil
+	}
+	if err := f.save(f.unsaved); err != nil {
+		f.st.Error = "saving the copy: " + err.Error()
+		return err
+	}
+	f.unsaved = nil
+	return nil
 }
 
 func (f *Feed) fetch(ctx context.Context, m meta, sum [sha256.Size]byte, have bool, now time.Time) (*Update, error) {
@@ -353,6 +403,13 @@ func (f *Feed) fetch(ctx context.Context, m meta, sum [sha256.Size]byte, have bo
 		f.mu.Unlock()
 		return nil, nil
 	}
+	f.mu.Lock()
+	refused := sha256.Sum256(body) == f.refused && now.Before(f.refusedUntil)
+	why := f.refusedErr
+	f.mu.Unlock()
+	if refused {
+		return nil, fmt.Errorf("the server still serves the copy refused before (%s); tried again %s after the refusal", why, RetryRefusedAfter)
+	}
 	rs, err := Parse(f.Src.URL, body, f.Src.List, now)
 	if err != nil {
 		return nil, err
@@ -394,12 +451,14 @@ func (f *Feed) save(up *Update) error {
 }
 
 // Reject records that an update could not be applied; the copy in hand
-// stays current and the next refresh fetches the list again.
-func (f *Feed) Reject(err error) {
+// stays current. The same copy is offered again only after
+// RetryRefusedAfter; another one at the next refresh.
+func (f *Feed) Reject(up *Update, err error, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.st.Failures++
 	f.st.Error = err.Error()
+	f.refused, f.refusedUntil, f.refusedErr = sha256.Sum256(up.body), now.Add(RetryRefusedAfter), err.Error()
 }
 
 // Forget drops the saved copy of a feed the config no longer names.

@@ -123,13 +123,17 @@ func TestFetchCommitAndCache(t *testing.T) {
 	if err != nil || up == nil || prefixes(up.Rules.Deny) != "203.0.113.9/32" {
 		t.Fatalf("changed list: %v %v", up, err)
 	}
-	f.Reject(fmt.Errorf("maps full"))
+	f.Reject(up, fmt.Errorf("maps full"), time.Now())
 	if st := f.Status(); st.Deny != 3 || st.Error != "maps full" || st.Failures != 1 {
 		t.Fatalf("after a rejected update: %+v", st)
 	}
-	up, err = f.Fetch(ctx, time.Now())
+	// The same bytes are not offered again for a while; then they are.
+	if up, err := f.Fetch(ctx, time.Now()); up != nil || err == nil || !strings.Contains(err.Error(), "still serves the copy refused before (maps full)") {
+		t.Fatalf("the refused copy again at once: %v %v", up, err)
+	}
+	up, err = f.Fetch(ctx, time.Now().Add(feed.RetryRefusedAfter+time.Second))
 	if err != nil || up == nil {
-		t.Fatalf("a rejected update is fetched again: %v %v", up, err)
+		t.Fatalf("a refused update is offered again later: %v %v", up, err)
 	}
 	if err := f.Commit(up, time.Now()); err != nil {
 		t.Fatal(err)
@@ -323,11 +327,43 @@ func TestUnsavedCopyAndAdopt(t *testing.T) {
 	if srv.notMod != 1 {
 		t.Fatalf("304s: %d", srv.notMod)
 	}
-	if st := g.Status(); st.Error != "" {
-		t.Fatalf("the retried save: %+v", st)
+	if !g.Unsaved() {
+		t.Fatal("the copy no longer waits to be saved, but was not")
+	}
+	if err := g.SaveUnsaved(); err != nil || g.Unsaved() {
+		t.Fatalf("the retried save: %v", err)
 	}
 	h := mustNew(t, src, dir)
 	if err := h.LoadCache(time.Now()); err != nil || h.Rules() == nil || prefixes(h.Rules().Deny) != "192.0.2.1/32" {
 		t.Fatalf("the copy saved at the retry: %v", err)
+	}
+}
+
+// Same compares the settings and the CA file's bytes: a CA replaced in
+// place makes the daemon build a new client at the next reload.
+func TestSameSeesACAReplacedInPlace(t *testing.T) {
+	dir := t.TempDir()
+	ts := httptest.NewTLSServer(&server{})
+	defer ts.Close()
+	ca := filepath.Join(dir, "ca.pem")
+	write := func() {
+		if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	src := feed.Source{URL: ts.URL, List: "deny", CAFile: ca}
+	f := mustNew(t, src, dir)
+	if !f.Same(src) || !f.Same(feed.Source{URL: ts.URL, List: "deny", CAFile: ca, Refresh: feed.DefaultRefresh}) {
+		t.Fatal("the same source is not Same")
+	}
+	if f.Same(feed.Source{URL: ts.URL, List: "deny", CAFile: ca, Refresh: time.Hour}) {
+		t.Fatal("another refresh is Same")
+	}
+	if err := os.WriteFile(ca, append([]byte("# rotated\n"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw})...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if f.Same(src) {
+		t.Fatal("a CA file replaced in place is Same")
 	}
 }
