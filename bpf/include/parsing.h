@@ -208,6 +208,14 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 	if (ip6h->version != 6)
 		return PARSE_MALFORMED;
 
+	/* An IPv4-mapped source (::ffff:a.b.c.d) would be judged by the IPv6
+	 * lists, while a dual-stack socket takes it for the IPv4 host it
+	 * names and answers over IPv4: a host on the IPv4 denylist would get
+	 * through. No such source is valid on the wire (RFC 4291 2.5.5.2). */
+	if (ip6h->saddr.in6_u.u6_addr32[0] == 0 && ip6h->saddr.in6_u.u6_addr32[1] == 0 &&
+	    ip6h->saddr.in6_u.u6_addr32[2] == bpf_htonl(0xffff))
+		return PARSE_EVASIVE;
+
 	/* Whole header: source rules apply whatever the payload length says. */
 	p->family = 6;
 	__builtin_memcpy(p->saddr, &ip6h->saddr, 16);
@@ -288,7 +296,10 @@ static __always_inline int parse_l4(struct cursor *c, struct packet *p, void *da
 
 		if ((void *)(uh + 1) > c->end || (void *)(uh + 1) > c->l3_end)
 			return PARSE_MALFORMED;
-		if (bpf_ntohs(uh->len) < sizeof(*uh))
+		/* Over IPv6 a length of 0 stands for the whole payload (RFC
+		 * 2675), and the stack delivers such a datagram: its ports are
+		 * judged. Over IPv4 the stack drops it. */
+		if (bpf_ntohs(uh->len) < sizeof(*uh) && !(uh->len == 0 && p->family == 6))
 			return PARSE_MALFORMED;
 		p->sport = bpf_ntohs(uh->source);
 		p->dport = bpf_ntohs(uh->dest);
@@ -346,6 +357,11 @@ static __always_inline int parse_frame(void *data, void *data_end, struct packet
 	} else {
 		return PARSE_NON_IP;
 	}
+	/* A first fragment whose header chain breaks off is evasive, as one
+	 * whose L4 header does (below): the stack judges the reassembled
+	 * datagram, where the chain goes on in the next fragment. */
+	if (ret == PARSE_MALFORMED && c.first_fragment)
+		return PARSE_EVASIVE;
 	if (ret != PARSE_OK)
 		return ret;
 

@@ -275,14 +275,18 @@ static __always_inline int rl_is_syn(const struct packet *p)
 #define TLS_CLIENT_HELLO 1
 
 /* Whether a TCP segment opens a TLS ClientHello: its payload starts with a
- * handshake record header (type 22, version 3.0 to 3.4) whose message is a
- * ClientHello (type 1). The bytes after the record header decide only
- * when the segment has them: a segment of 1 to 5 bytes that could be the
- * start of such a header counts, as does a first IP fragment whose
- * payload lies wholly in later fragments. No client does either, but an
- * abusive one could, to hide its hellos from a byte match. A SYN with data
- * (TCP Fast Open) counts like any segment; a RST never does. A global
- * function: the verifier checks it once, not at each limit it serves. */
+ * handshake record header (type 22) whose message is a ClientHello (type
+ * 1). The record's version is not looked at: servers take hellos of any
+ * (Go's crypto/tls those of version 0.0, OpenSSL those of 3.255). The
+ * message type decides only when the segment has it: a segment of 1 to 5
+ * bytes that starts with type 22 counts, as does a first IP fragment whose
+ * payload lies wholly in later fragments. So does every segment with the
+ * urgent flag: the stack takes urgent bytes out of the stream, so a hello
+ * behind one reaches the server while the segment starts with another
+ * byte. No client does any of these, but an abusive one could, to hide
+ * its hellos from a byte match. A SYN with data (TCP Fast Open) counts
+ * like any segment; a RST never does. A global function: the verifier
+ * checks it once, not at each limit it serves. */
 __attribute__((noinline)) int rl_is_tls_hello(struct xdp_md *ctx, struct packet *p)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
@@ -291,6 +295,8 @@ __attribute__((noinline)) int rl_is_tls_hello(struct xdp_md *ctx, struct packet 
 
 	if (!p || p->l4proto != IPPROTO_TCP || !p->has_l4 || (p->tcp_flags & 0x04))
 		return 0;
+	if (p->tcp_flags & 0x20)
+		return 1;
 	off = p->l4_off + sizeof(struct tcphdr) + p->tcp_optlen;
 	if (off >= p->l3_end)
 		return p->first_fragment;
@@ -300,18 +306,10 @@ __attribute__((noinline)) int rl_is_tls_hello(struct xdp_md *ctx, struct packet 
 		return 0;
 	len = p->l3_end - off;
 	q = data + off;
-	if (len >= 6) {
-		if ((void *)(q + 6) > end)
-			return 0;
-		return q[0] == TLS_RECORD_HANDSHAKE && q[1] == 3 && q[2] <= 4 &&
-		       q[5] == TLS_CLIENT_HELLO;
-	}
 	if ((void *)(q + 1) > end || q[0] != TLS_RECORD_HANDSHAKE)
 		return 0;
-	if (len >= 2 && ((void *)(q + 2) > end || q[1] != 3))
-		return 0;
-	if (len >= 3 && ((void *)(q + 3) > end || q[2] > 4))
-		return 0;
+	if (len >= 6)
+		return (void *)(q + 6) <= end && q[5] == TLS_CLIENT_HELLO;
 	return 1;
 }
 

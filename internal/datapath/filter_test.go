@@ -109,8 +109,30 @@ func pass(name string, pkt []byte, reason MoatVerdictReason, setup func(*fixture
 }
 
 // Setups used by many cases.
-func denySrc(f *fixture)        { f.deny("10.0.0.0/8"); f.deny("2001:db8::/32") }
-func dropTCP22(f *fixture)      { f.portRule(cTCP, 22, 22, 1, aDrop) }
+func denySrc(f *fixture)   { f.deny("10.0.0.0/8"); f.deny("2001:db8::/32") }
+func dropTCP22(f *fixture) { f.portRule(cTCP, 22, 22, 1, aDrop) }
+func dropUDP53(f *fixture) { f.portRule(cUDP, 53, 53, 2, aDrop) }
+
+// mappedSource writes the source of an untagged IPv6 frame as the
+// IPv4-mapped address of v4 (testpkt builds no such frame), or, with
+// first, as an address that only ends like one.
+func mappedSource(frame []byte, v4 string, first ...byte) []byte {
+	a := netip.AddrFrom16(netip.MustParseAddr("::ffff:" + v4).As16()).As16()
+	copy(a[:], first)
+	copy(frame[14+8:14+24], a[:])
+	return frame
+}
+
+// udpLengthZero sets the UDP length field of an untagged frame without
+// IPv6 extension headers or IPv4 options to 0.
+func udpLengthZero(frame []byte) []byte {
+	l4 := 14 + 20
+	if frame[12] == 0x86 && frame[13] == 0xdd {
+		l4 = 14 + 40
+	}
+	frame[l4+4], frame[l4+5] = 0, 0
+	return frame
+}
 func fragDropPolicy(f *fixture) { f.setPolicy(fragDrop, malformedDrop) }
 func malformedPassPolicy(f *fixture) {
 	f.setPolicy(fragPass, malformedPass)
@@ -180,6 +202,20 @@ func filterCases() []filterCase {
 		drop("ipv6 chain of 9 allowed, malformed pass", v6ext(chain(9)...), rMalformed, both(func(f *fixture) { f.allow("2001:db8::/32") }, malformedPassPolicy)),
 		drop("ipv6 ext past payload length", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 4, Ext: []testpkt.IPv6Ext{testpkt.HopByHop{}}}, L4: tcpOpts}.Bytes(), rMalformed, nil),
 		drop("ipv6 payload length past frame", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 37}, L4: tcpOpts}.Bytes(), rMalformed, nil),
+		// An IPv4-mapped source would be judged by the IPv6 lists while a
+		// dual-stack socket answers the IPv4 host it names.
+		drop("ipv6 ipv4-mapped source", mappedSource(udp6(9), "10.1.2.3"), rMalformed, nil),
+		drop("ipv6 ipv4-mapped source of a denied host, malformed pass", mappedSource(udp6(9), "10.1.2.3"), rMalformed, both(denySrc, malformedPassPolicy)),
+		pass("ipv6 source that only ends like a mapped one", mappedSource(udp6(9), "10.1.2.3", 0x20, 0x01), rPass, nil),
+		// UDP length 0 over IPv6 is the whole payload (RFC 2675): the
+		// stack delivers it, so its ports are judged.
+		drop("udp6 length 0, malformed pass", udpLengthZero(udp6(53)), rPortDrop, both(dropUDP53, malformedPassPolicy)),
+		drop("udp4 length 0", udpLengthZero(udp4(53)), rMalformed, dropUDP53),
+		// A first fragment whose extension chain breaks off goes on in
+		// the next fragment, where the stack finds the ports.
+		drop("ipv6 first fragment, chain cut, malformed pass", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 16,
+			Ext: []testpkt.IPv6Ext{testpkt.Fragment{More: true, ID: 7}, testpkt.DestOpts{}, testpkt.DestOpts{}}}, L4: tcpOpts}.Bytes()[:14+40+16], rMalformed,
+			both(dropTCP22, malformedPassPolicy)),
 		drop("ipv6 payload length cuts tcp", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 19}, L4: tcpOpts}.Bytes(), rMalformed, nil),
 
 		// Fragments: port rules apply to first fragments only, source

@@ -100,8 +100,9 @@ func TestTLSHelloScope(t *testing.T) {
 	rst.RST = true
 	app := append([]byte{23, 3, 3, 0, 40}, make([]byte, 40)...)
 	serverHello := append([]byte{22, 3, 3, 0, 40, 2}, make([]byte, 39)...)
-	sslv2ish := append([]byte{22, 2, 0, 0, 40, 1}, make([]byte, 39)...)
-	record35 := append([]byte{22, 3, 5, 0, 40, 1}, make([]byte, 39)...)
+	withVersion := func(major, minor byte) []byte { return append([]byte{22, major, minor}, hello[3:]...) }
+	urgent := seg(append([]byte{0}, hello...)) // the stack drops the urgent byte and reads the hello
+	urgent.URG = true
 
 	runScopeTable(t, f, "tcp/443+tls-hello", []scopeCase{
 		{"ClientHello, IPv4", v4(seg(hello)), true},
@@ -112,7 +113,12 @@ func TestTLSHelloScope(t *testing.T) {
 		{"ClientHello behind IPv6 extension headers", frame(testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, Ext: []testpkt.IPv6Ext{testpkt.HopByHop{}, testpkt.DestOpts{}}}, L4: seg(hello)}), true},
 		{"ClientHello behind TCP timestamps", v4(withTS), true},
 		{"ClientHello in a Fast Open SYN", v4(tfo), true},
-		{"record version 3.1, as most clients send", v4(seg(append([]byte{22, 3, 1}, hello[3:]...))), true},
+		{"record version 3.1, as most clients send", v4(seg(withVersion(3, 1))), true},
+		{"record version 3.5, which servers take", v4(seg(withVersion(3, 5))), true},
+		{"record version 3.255", v4(seg(withVersion(3, 255))), true},
+		{"record version 0.0, which Go's crypto/tls takes", v4(seg(withVersion(0, 0))), true},
+		{"a ClientHello behind an urgent byte", v4(urgent), true},
+		{"two bytes of a record header of another version", v4(seg([]byte{22, 4})), true},
 		{"the first byte of a record header alone", v4(seg([]byte{22})), true},
 		{"three bytes of a record header", v4(seg([]byte{22, 3, 1})), true},
 		{"five bytes of a record header, then padding that is not a ClientHello", trailer([]byte{22, 3, 3, 0, 40}, []byte{2}), true},
@@ -122,10 +128,8 @@ func TestTLSHelloScope(t *testing.T) {
 
 		{"application data", v4(seg(app)), false},
 		{"a ServerHello", v4(seg(serverHello)), false},
-		{"record version 2.0", v4(seg(sslv2ish)), false},
-		{"record version 3.5", v4(seg(record35)), false},
 		{"the first byte of an application data record", v4(seg([]byte{23})), false},
-		{"two bytes that no record header starts with", v4(seg([]byte{22, 4})), false},
+		{"two bytes that no handshake record starts with", v4(seg([]byte{23, 3})), false},
 		{"a pure ACK", v4(seg(nil)), false},
 		{"a pure ACK whose padding looks like a ClientHello", trailer(nil, hello[:6]), false},
 		{"a SYN", syn4(src4, 443), false},
