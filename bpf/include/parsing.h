@@ -141,6 +141,15 @@ static __always_inline int parse_eth(struct cursor *c, struct packet *p, __u16 *
 	return PARSE_OK;
 }
 
+/* The datagram's end as packet.l3_end keeps it: a GRO frame in generic
+ * mode may end past 64 KiB, and a wrapped end would hide its payload from
+ * the handshake matches; the end saturates instead (what lies past it is
+ * never read there). */
+static __always_inline __u16 l3_end_of(__u32 end)
+{
+	return end > 0xffff ? 0xffff : end;
+}
+
 /* paged (a constant at every call): the packet may go on past c->end, in
  * page fragments of an skb that the program cannot read directly, so the
  * length the IP header declares is not held against c->end. The headers
@@ -184,7 +193,7 @@ static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *
 		c->first_fragment = 1;
 	}
 	c->l3_end = c->pos + tot_len;
-	p->l3_end = p->l3_off + tot_len;
+	p->l3_end = l3_end_of(p->l3_off + tot_len);
 	c->pos += hdr_len;
 	return PARSE_OK;
 }
@@ -224,7 +233,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 	if (!paged && (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
 		return PARSE_MALFORMED;
 	c->l3_end = (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len);
-	p->l3_end = p->l3_off + sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
+	p->l3_end = l3_end_of((__u32)p->l3_off + sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len));
 	c->pos = ip6h + 1;
 	nexthdr = ip6h->nexthdr;
 
