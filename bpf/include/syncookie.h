@@ -437,24 +437,27 @@ static __always_inline int syn_cookie_check(const struct packet *p, const struct
 }
 
 /* Marks p's tuple if a socket other than a listener owns it (a SYN-ACK to
- * a connection this host opened). A global function: its tuple is not on
+ * a connection this host opened), and returns the state of the socket
+ * that owns it, or -1 for none. A global function: its tuple is not on
  * syn_defend's stack, which the SYN path's deepest calls share. */
 __attribute__((noinline)) int syn_mark_connecting(struct xdp_md *ctx, struct packet *p)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
 	__u32 size;
+	int state;
 
 	if (!ctx || !p)
-		return 0;
+		return -1;
 	size = syn_tuple(p, &t);
 	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
-		return 0;
-	if (sk->state != BPF_TCP_LISTEN)
+		return -1;
+	state = sk->state;
+	if (state != BPF_TCP_LISTEN)
 		syn_mark_packet(p);
 	bpf_sk_release(sk);
-	return 0;
+	return state;
 }
 
 /* Whether this CPU found the listener for p's destination within this
@@ -1080,6 +1083,23 @@ drop:
 	return XDP_DROP;
 }
 
+/* A SYN-ACK to a protected port while its ACKs are filtered: one that a
+ * connection this host opened from the port owns goes on (its tuple
+ * marked), and so does one no socket here owns (forwarded traffic). One
+ * that only the local listener would take is as stray as an ACK no socket
+ * owns, and the stack would answer each with a RST: dropped, counted
+ * with the ACKs. A global function, for syn_defend's stack. */
+__attribute__((noinline)) int syn_check_synack(struct xdp_md *ctx, struct packet *p,
+					       struct syn_port_stats *st)
+{
+	if (!ctx || !p || !st)
+		return SYN_CONTINUE;
+	if (syn_mark_connecting(ctx, p) != BPF_TCP_LISTEN || !syn_local_listener(ctx, p, st))
+		return SYN_CONTINUE;
+	st->acks_dropped++;
+	return XDP_DROP;
+}
+
 /* The XDP entry point of the SYN defence, called once the policy has let
  * the packet through. Returns an XDP action, or SYN_CONTINUE. */
 /* A global function: the verifier checks it once, not once for every path
@@ -1107,8 +1127,17 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	/* A SYN-ACK to a protected port answers a connection this host
 	 * opened from it: the census learns of that socket here, before its
 	 * peer's ACKs meet the ACK filter. Only of a socket that exists: a
-	 * flood of SYN-ACKs (reflected, spoofed) marks nothing. */
+	 * flood of SYN-ACKs (reflected, spoofed) marks nothing, and while
+	 * ACKs are filtered it is dropped like theirs (syn_check_synack). */
 	if ((flags & (TCPF_SYN | TCPF_ACK)) == (TCPF_SYN | TCPF_ACK)) {
+		if (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding)) {
+			st = syn_counters_of(port);
+			if (st) {
+				now = syn_clock(st, p);
+				if (port->mode == SYN_MODE_ALWAYS || (__s64)(now - port->flood_until_ns) <= 0)
+					return syn_check_synack(ctx, p, st);
+			}
+		}
 		syn_mark_connecting(ctx, p);
 		return SYN_CONTINUE;
 	}

@@ -623,7 +623,6 @@ func TestSynsThatGetNoCookie(t *testing.T) {
 		{"from ::", v6("::", "2001:db8::1"), 1},
 		{"to ::1", v6("2001:db8::10", "::1"), 1},
 
-		{"syn+ack", synFrame(nil, client4, server4, testpkt.TCP{ACK: true, Options: opts}), 2},
 		{"unprotected port", synFrame(nil, client4, server4, testpkt.TCP{DstPort: unprotectedPort, Options: opts}), 2},
 		{"never mode", synFrame(nil, client4, server4, testpkt.TCP{DstPort: neverPort, Options: opts}), 2},
 		{"ipv4 later fragment", testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4, FragOff: 100}, L4: syn}.Bytes(), 2},
@@ -649,6 +648,27 @@ func TestSynsThatGetNoCookie(t *testing.T) {
 	}
 	if st := portStatus(t, objs, neverPort); st.SYNs != 1 || st.SYNsPassed != 0 {
 		t.Errorf("tcp/%d status %+v: never mode counts the SYN, passes it outside cookie mode", neverPort, st)
+	}
+}
+
+// TestStraySynAcks: while a port's ACKs are filtered, a SYN-ACK that only
+// the listener would take (a spoofed or reflected flood, which the stack
+// would answer with a RST each) is dropped and counted with the ACKs; in
+// never mode, or to a port without a listener here, it goes on.
+func TestStraySynAcks(t *testing.T) {
+	objs := setup(t)
+	synack := func(client, server netip.Addr, port uint16) []byte {
+		return synFrame(nil, client, server, testpkt.TCP{ACK: true, DstPort: port, Ack: 12345})
+	}
+	drops := checkVerdicts(t, objs.MoatFilter, []verdictCase{
+		{"ipv4 syn+ack", synack(client4, server4, protectedPort), 1},
+		{"ipv6 syn+ack", synack(client6, server6, protectedPort), 1},
+		{"syn+ack+fin", synFrame(nil, client4, server4, testpkt.TCP{ACK: true, FIN: true}), 1},
+		{"never mode", synack(client4, server4, neverPort), 2},
+		{"no listener", synack(client4, server4, noListenerPort), 2},
+	})
+	if st := portStatus(t, objs, protectedPort); st.ACKsDropped != drops || st.SYNs != 0 || st.CookiesIssued != 0 {
+		t.Errorf("status %+v: want %d ACKs dropped, no SYN counted", st, drops)
 	}
 }
 
