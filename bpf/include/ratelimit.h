@@ -274,6 +274,27 @@ static __always_inline int rl_is_syn(const struct packet *p)
 #define TLS_RECORD_HANDSHAKE 22
 #define TLS_CLIENT_HELLO 1
 
+/* Whether an established socket owns a TCP packet's tuple, looked up once
+ * per packet. */
+static __always_inline int rl_on_connection(struct xdp_md *ctx, struct packet *p)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 size;
+
+	if (!p->on_connection) {
+		p->on_connection = 2;
+		size = syn_tuple(p, &t);
+		sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+		if (sk) {
+			if (sk->state == BPF_TCP_ESTABLISHED)
+				p->on_connection = 1;
+			bpf_sk_release(sk);
+		}
+	}
+	return p->on_connection == 1;
+}
+
 /* Whether a TCP segment opens a TLS ClientHello: its payload starts with a
  * handshake record header (type 22) whose message is a ClientHello (type
  * 1). The record's version is not looked at: servers take hellos of any
@@ -284,33 +305,43 @@ static __always_inline int rl_is_syn(const struct packet *p)
  * urgent flag: the stack takes urgent bytes out of the stream, so a hello
  * behind one reaches the server while the segment starts with another
  * byte. No client does any of these, but an abusive one could, to hide
- * its hellos from a byte match. A SYN with data (TCP Fast Open) counts
- * like any segment; a RST never does. A global function: the verifier
+ * its hellos from a byte match.
+ *
+ * Only a segment of an established connection counts: a hello is work for
+ * the server only there, and anyone can forge a segment from any address.
+ * Counted without a connection, forged hellos would spend a source's
+ * budget or get it auto-blocked (a few dozen segments would block any
+ * address), while the stack answers them with a RST, or the ACK filter
+ * drops them, before any TLS. So a SYN with data (TCP Fast Open) never
+ * counts, nor does a RST. The socket lookup runs only for segments that
+ * match, about one per connection. A global function: the verifier
  * checks it once, not at each limit it serves. */
 __attribute__((noinline)) int rl_is_tls_hello(struct xdp_md *ctx, struct packet *p)
 {
-	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	void *data, *end;
 	__u32 off, len;
 	__u8 *q;
 
-	if (!p || p->l4proto != IPPROTO_TCP || !p->has_l4 || (p->tcp_flags & 0x04))
+	if (!ctx || !p || p->l4proto != IPPROTO_TCP || !p->has_l4 || (p->tcp_flags & 0x06))
 		return 0;
 	if (p->tcp_flags & 0x20)
-		return 1;
+		return rl_on_connection(ctx, p);
 	off = p->l4_off + sizeof(struct tcphdr) + p->tcp_optlen;
 	if (off >= p->l3_end)
-		return p->first_fragment;
+		return p->first_fragment && rl_on_connection(ctx, p);
 	/* An XDP frame without fragments fits in a page: the bound is for the
 	 * verifier. */
 	if (off > 0x3fff)
 		return 0;
 	len = p->l3_end - off;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
 	q = data + off;
 	if ((void *)(q + 1) > end || q[0] != TLS_RECORD_HANDSHAKE)
 		return 0;
-	if (len >= 6)
-		return (void *)(q + 6) <= end && q[5] == TLS_CLIENT_HELLO;
-	return 1;
+	if (len >= 6 && ((void *)(q + 6) > end || q[5] != TLS_CLIENT_HELLO))
+		return 0;
+	return rl_on_connection(ctx, p);
 }
 
 /* QUIC versions whose Initial packets open a TLS handshake (RFC 9000,

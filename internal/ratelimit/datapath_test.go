@@ -29,6 +29,7 @@ type filter struct {
 	coll *ebpf.Collection
 	prog *ebpf.Program
 	rl   ratelimit.Maps
+	ns   *connNetns // where packets run, if not here
 }
 
 func newFilter(tb testing.TB) *filter {
@@ -51,6 +52,22 @@ func newFilter(tb testing.TB) *filter {
 		tb.Fatal(err)
 	}
 	return f
+}
+
+// in runs fn where the filter's packets run: on the thread of a
+// namespace with connections (inNetns), or here.
+func (f *filter) in(fn func()) {
+	if f.ns != nil {
+		f.ns.Do(fn)
+		return
+	}
+	fn()
+}
+
+// inNetns runs the filter's packets from now on in a namespace where the
+// pairs are established connections (connNetns).
+func (f *filter) inNetns(pairs ...[2]netip.AddrPort) {
+	f.ns = newConnNetns(f.tb, pairs...)
 }
 
 // reset removes every limit and source bucket and sets cfg.
@@ -181,10 +198,16 @@ func (f *filter) add(l ratelimit.Limit) {
 func (f *filter) send(pkt []byte, n int) (passed int) {
 	f.tb.Helper()
 	before := f.verdicts()
-	for range n {
-		if _, err := f.prog.Run(&ebpf.RunOptions{Data: pkt}); err != nil {
-			f.tb.Fatalf("run: %v", err)
+	var err error
+	f.in(func() {
+		for range n {
+			if _, err = f.prog.Run(&ebpf.RunOptions{Data: pkt}); err != nil {
+				return
+			}
 		}
+	})
+	if err != nil {
+		f.tb.Fatalf("run: %v", err)
 	}
 	after := f.verdicts()
 	if ran := after[0] + after[1] - before[0] - before[1]; ran != uint64(n) {

@@ -76,9 +76,15 @@ func TestTLSHelloScope(t *testing.T) {
 	f := newFilter(t)
 	hello := clientHello(t)
 	src6 := netip.MustParseAddr("2001:db8:1::7")
+	// The table's segments belong to these connections; a hello counts on
+	// an established connection only.
+	f.inNetns([2]netip.AddrPort{netip.AddrPortFrom(src4, 40000), netip.AddrPortFrom(dst4, 443)},
+		[2]netip.AddrPort{netip.AddrPortFrom(src6, 40000), netip.AddrPortFrom(dst6, 443)})
 	seg := func(payload []byte) testpkt.TCP {
 		return testpkt.TCP{ACK: true, PSH: true, SrcPort: 40000, DstPort: 443, Seq: 1, Ack: 1, Payload: payload}
 	}
+	stranger := seg(hello) // a forged hello: no connection has its tuple
+	stranger.SrcPort = 40001
 	v4 := func(t testpkt.TCP) []byte { return testpkt.TCPv4(src4, dst4, t) }
 	frame := func(fr testpkt.Frame) []byte {
 		b, err := fr.Build()
@@ -112,7 +118,6 @@ func TestTLSHelloScope(t *testing.T) {
 		{"ClientHello behind IPv4 options", frame(testpkt.Frame{Net: testpkt.IPv4{Src: src4, Dst: dst4, Options: []testpkt.IPv4Option{testpkt.RouterAlert()}}, L4: seg(hello)}), true},
 		{"ClientHello behind IPv6 extension headers", frame(testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, Ext: []testpkt.IPv6Ext{testpkt.HopByHop{}, testpkt.DestOpts{}}}, L4: seg(hello)}), true},
 		{"ClientHello behind TCP timestamps", v4(withTS), true},
-		{"ClientHello in a Fast Open SYN", v4(tfo), true},
 		{"record version 3.1, as most clients send", v4(seg(withVersion(3, 1))), true},
 		{"record version 3.5, which servers take", v4(seg(withVersion(3, 5))), true},
 		{"record version 3.255", v4(seg(withVersion(3, 255))), true},
@@ -133,6 +138,9 @@ func TestTLSHelloScope(t *testing.T) {
 		{"a pure ACK", v4(seg(nil)), false},
 		{"a pure ACK whose padding looks like a ClientHello", trailer(nil, hello[:6]), false},
 		{"a SYN", syn4(src4, 443), false},
+		{"ClientHello in a Fast Open SYN", v4(tfo), false},
+		{"a ClientHello on no connection", v4(stranger), false},
+		{"an urgent segment on no connection", v4(func() testpkt.TCP { u := urgent; u.SrcPort = 40001; return u }()), false},
 		{"a RST carrying a ClientHello", v4(rst), false},
 		{"a ClientHello to another port", testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, SrcPort: 40000, DstPort: 444, Payload: hello}), false},
 		{"a ClientHello in UDP to 443", testpkt.UDPv4(src4, dst4, testpkt.UDP{SrcPort: 40000, DstPort: 443, Payload: hello}), false},
@@ -213,6 +221,7 @@ func TestQUICInitialScope(t *testing.T) {
 // its ClientHello limit is blocked with a reason that names it.
 func TestQualifiedScopesFallThrough(t *testing.T) {
 	f := newFilter(t)
+	f.inNetns([2]netip.AddrPort{netip.AddrPortFrom(src4, 40000), netip.AddrPortFrom(dst4, 443)})
 	defaults := ratelimit.Config{Shape: true, HeavyHitters: true, Sample: 1, Gate: ratelimit.GateNone}
 	hello := clientHello(t)
 	seg := func(src netip.Addr, dport uint16, payload []byte) []byte {
@@ -283,9 +292,14 @@ func TestQualifiedScopesFallThrough(t *testing.T) {
 	t.Run("a source over its ClientHello limit is blocked", func(t *testing.T) {
 		f.reset(defaults)
 		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "tcp/443+tls-hello"), PPS: 20, BurstPackets: 3, Block: ratelimit.Duration(time.Minute)})
-		// Data segments do not count against the hello limit.
+		// Data segments do not count against the hello limit, nor do
+		// hellos forged from the source on no connection.
 		if got := f.send(seg(src4, 443, []byte("data")), 20); got != 20 {
 			t.Fatalf("data segments: %d of 20 passed", got)
+		}
+		forged := testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, PSH: true, SrcPort: 40001, DstPort: 443, Payload: hello})
+		if got := f.send(forged, 50); got != 50 {
+			t.Fatalf("forged ClientHellos: %d of 50 passed, want all (not counted)", got)
 		}
 		if got := f.send(seg(src4, 443, hello), 10); got != 3 {
 			t.Fatalf("ClientHellos: %d of 10 passed, want 3", got)
@@ -313,6 +327,7 @@ func TestQualifiedScopesFallThrough(t *testing.T) {
 //	go test -run '^$' -bench HandshakeLimitCost -benchtime 1x ./internal/ratelimit/
 func BenchmarkHandshakeLimitCost(b *testing.B) {
 	f := newFilter(b)
+	f.inNetns([2]netip.AddrPort{netip.AddrPortFrom(src4, 40000), netip.AddrPortFrom(dst4, 443)})
 	off := ratelimit.Config{Gate: ratelimit.GateSample}
 	seg := func(payload []byte) []byte {
 		return testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, PSH: true, SrcPort: 40000, DstPort: 443, Payload: payload})
@@ -321,7 +336,9 @@ func BenchmarkHandshakeLimitCost(b *testing.B) {
 		return testpkt.UDPv4(src4, dst4, testpkt.UDP{SrcPort: 50000, DstPort: 443, Payload: payload})
 	}
 	data := seg(append([]byte{23, 3, 3, 0, 100}, make([]byte, 100)...))
-	hello := seg(clientHello(b))
+	ch := clientHello(b)
+	hello := seg(ch)
+	forged := testpkt.TCPv4(src4, dst4, testpkt.TCP{ACK: true, PSH: true, SrcPort: 40001, DstPort: 443, Payload: ch})
 	short := dgram(append([]byte{0x43}, make([]byte, 100)...))
 	initial := dgram(quicLong(0xc3, 1, 1200))
 	helloBudget := ratelimit.Limit{Kind: ratelimit.Budget, Scope: mustScope("tcp/443+tls-hello"), PPS: 1000}
@@ -333,7 +350,9 @@ func BenchmarkHandshakeLimitCost(b *testing.B) {
 		if err := ratelimit.Apply(f.rl, limits); err != nil {
 			b.Fatal(err)
 		}
-		_, d, err := f.prog.Benchmark(pkt, reps, nil)
+		var d time.Duration
+		var err error
+		f.in(func() { _, d, err = f.prog.Benchmark(pkt, reps, nil) })
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -350,7 +369,8 @@ func BenchmarkHandshakeLimitCost(b *testing.B) {
 			{"TCP data segment, hello budget (not a hello: passes)", measure(data, helloBudget), bd},
 			{"TCP data segment, a tcp budget alone", measure(data, wide), bd},
 			{"TCP data segment, hello budget and a tcp budget (falls through)", measure(data, helloBudget, wide), bd},
-			{"ClientHello, hello budget (over it: dropped)", measure(hello, helloBudget), bh},
+			{"ClientHello, hello budget (over it: dropped; a socket lookup)", measure(hello, helloBudget), bh},
+			{"forged ClientHello, no connection, hello budget (passes)", measure(forged, helloBudget), bh},
 			{"QUIC short-header datagram, Initial budget (passes)", measure(short, initialBudget), bs},
 			{"QUIC Initial, Initial budget (over it: dropped)", measure(initial, initialBudget), bi},
 		} {
