@@ -50,7 +50,7 @@
  * options. tc pulls this much into the linear area when the headers are
  * not there. */
 #define SYN_PULL_LEN (SYN_MAX_L3_OFF + 60 + 60)
-#define SYNACK_TCP_LEN 40 /* 20 bytes of header, 20 of options */
+#define SYNACK_TCP_LEN 40 /* 20 bytes of header, 20 of options at most */
 #define IPV6_MIN_MSS 1220 /* IPv6 minimum MTU 1280 - 60 */
 #define IPV4_MIN_MSS 536
 
@@ -710,8 +710,12 @@ static __always_inline __u16 csum_fold32(__u64 sum)
 
 /* Writes the options of the SYN-ACK: MSS, then SACK-permitted and
  * timestamps, then window scale, each only if the client offered it. */
-static __always_inline void synack_options(struct synack_tcp *s, const struct tcp_opts *o,
-					   __u16 our_mss, __u8 our_wscale, __u32 tsval)
+/* Writes the SYN-ACK's options and returns their length: 4 to 20 bytes, a
+ * multiple of 4, so that the SYN-ACK is no longer than the options asked
+ * for make it (an option-less SYN gets a 24-byte TCP header, as from the
+ * kernel). */
+static __always_inline int synack_options(struct synack_tcp *s, const struct tcp_opts *o,
+					  __u16 our_mss, __u8 our_wscale, __u32 tsval)
 {
 	__u8 *b = s->opts;
 	int i = 0;
@@ -750,7 +754,8 @@ static __always_inline void synack_options(struct synack_tcp *s, const struct tc
 		b[i++] = 3;
 		b[i++] = our_wscale;
 	}
-	/* The rest stays zero: EOL and padding. */
+	/* The rest stays zero: it is cut off with the frame's tail. */
+	return i;
 }
 
 /* Answers a SYN with a SYN-ACK carrying a moat cookie, rewriting the frame
@@ -781,8 +786,8 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	__u64 sum, h;
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
-	int ecn, delta, keys;
-	__u32 net = 0;
+	int ecn, delta, keys, i;
+	__u32 net = 0, tcp_len;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
@@ -905,19 +910,23 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	s.th.dest = bpf_htons(p->sport);
 	s.th.seq = bpf_htonl(syn_cookie_of(h, meta));
 	s.th.ack_seq = bpf_htonl(bpf_ntohl(client_isn) + 1);
-	s.th.doff = SYNACK_TCP_LEN / 4;
 	s.th.syn = 1;
 	s.th.ack = 1;
 	s.th.ece = ecn;
 	s.th.window = bpf_htons(SYNACK_WINDOW);
 	/* The kernel continues moat's TSval clock (bpf_tcp_req_attrs.rcv_tsecr),
 	 * offset included. */
-	synack_options(&s, o, our_mss, our_wscale, syn_tsval(h, now));
+	tcp_len = sizeof(s.th) + synack_options(&s, o, our_mss, our_wscale, syn_tsval(h, now));
+	if (tcp_len > SYNACK_TCP_LEN)
+		return SYN_CONTINUE; /* cannot happen: keeps the verifier content */
+	s.th.doff = tcp_len / 4;
 
+	/* The options' unused bytes are zero: summing all of s adds nothing
+	 * for them. */
 	if (p->family == 4) {
 		struct pseudo_v4 ph = {
 			.proto = IPPROTO_TCP,
-			.len = bpf_htons(SYNACK_TCP_LEN),
+			.len = bpf_htons(tcp_len),
 		};
 
 		__builtin_memcpy(&ph.saddr, p->daddr, 4);
@@ -926,7 +935,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	} else {
 		struct pseudo_v6 ph = {
 			.nexthdr = IPPROTO_TCP,
-			.len = bpf_htonl(SYNACK_TCP_LEN),
+			.len = bpf_htonl(tcp_len),
 		};
 
 		__builtin_memcpy(ph.saddr, p->daddr, 16);
@@ -946,7 +955,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	if ((void *)(eth + 1) > data_end || (void *)eth + SYN_MAX_L3_OFF > data_end)
 		return SYN_CONTINUE;
 	__builtin_memcpy(l2, eth, SYN_MAX_L3_OFF);
-	delta = (int)(l4 + SYNACK_TCP_LEN) - (int)(data_end - data);
+	delta = (int)(l4 + tcp_len) - (int)(data_end - data);
 	if (delta > 0 && bpf_xdp_adjust_head(ctx, -delta))
 		return SYN_CONTINUE;
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
@@ -967,7 +976,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 		struct iphdr ip = {
 			.version = 4,
 			.ihl = 5,
-			.tot_len = bpf_htons(sizeof(ip) + SYNACK_TCP_LEN),
+			.tot_len = bpf_htons(sizeof(ip) + tcp_len),
 			.frag_off = bpf_htons(0x4000), /* DF */
 			.ttl = SYNACK_TTL,
 			.protocol = IPPROTO_TCP,
@@ -986,7 +995,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 			return XDP_DROP;
 		/* Version 6, traffic class and flow label 0. */
 		*(__be32 *)ip6h = bpf_htonl(0x60000000);
-		ip6h->payload_len = bpf_htons(SYNACK_TCP_LEN);
+		ip6h->payload_len = bpf_htons(tcp_len);
 		ip6h->nexthdr = IPPROTO_TCP;
 		ip6h->hop_limit = SYNACK_TTL;
 		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
@@ -994,9 +1003,19 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	}
 
 	th = data + l4;
-	if ((void *)th + SYNACK_TCP_LEN > data_end)
+	if ((void *)th + sizeof(s.th) > data_end)
 		return XDP_DROP;
-	__builtin_memcpy(th, &s, SYNACK_TCP_LEN);
+	__builtin_memcpy(th, &s.th, sizeof(s.th));
+	/* The options, 4 bytes at a time, as many as they take. */
+	for (i = 0; i < (SYNACK_TCP_LEN - sizeof(s.th)) / 4; i++) {
+		__u8 *dst = (__u8 *)(th + 1) + i * 4;
+
+		if (sizeof(s.th) + i * 4 >= tcp_len)
+			break;
+		if ((void *)(dst + 4) > data_end)
+			return XDP_DROP;
+		__builtin_memcpy(dst, s.opts + i * 4, 4);
+	}
 	st->cookies_issued++;
 	return XDP_TX;
 

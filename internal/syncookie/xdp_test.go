@@ -230,18 +230,7 @@ func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k 
 	if o.hasWScale {
 		opts = append(opts, testpkt.TCPNOP(), testpkt.WindowScale(7))
 	}
-	// Options always fill 20 bytes, the rest end-of-list.
-	n := 0
-	for _, op := range opts {
-		if op.OptionType == layers.TCPOptionKindNop {
-			n++
-		} else {
-			n += 2 + len(op.OptionData)
-		}
-	}
-	for ; n < 20; n++ {
-		opts = append(opts, layers.TCPOption{OptionType: layers.TCPOptionKindEndList})
-	}
+	// Options take what they need, a multiple of 4 bytes: no padding.
 	tcp := testpkt.TCP{
 		SrcPort: protectedPort, DstPort: clientPort,
 		Seq: cookie, Ack: clientISN + 1,
@@ -255,7 +244,16 @@ func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k 
 	} else {
 		f.Net = testpkt.IPv4{Src: server, Dst: client, TTL: 64, DF: true}
 	}
-	return f.Bytes(), cookie, tsval
+	// moat sends the datagram alone: no Ethernet padding to 60 bytes
+	// (a NIC adds it on the wire).
+	b := f.Bytes()
+	l3 := 14 + 4*len(tags)
+	if v6 {
+		b = b[:l3+40+int(binary.BigEndian.Uint16(b[l3+4:]))]
+	} else {
+		b = b[:l3+int(binary.BigEndian.Uint16(b[l3+2:]))]
+	}
+	return b, cookie, tsval
 }
 
 func synFrame(tags []testpkt.Tag, client, server netip.Addr, tcp testpkt.TCP) []byte {
