@@ -709,11 +709,10 @@ static __always_inline __u16 csum_fold32(__u64 sum)
 }
 
 /* Writes the options of the SYN-ACK: MSS, then SACK-permitted and
- * timestamps, then window scale, each only if the client offered it. */
-/* Writes the SYN-ACK's options and returns their length: 4 to 20 bytes, a
- * multiple of 4, so that the SYN-ACK is no longer than the options asked
- * for make it (an option-less SYN gets a 24-byte TCP header, as from the
- * kernel). */
+ * timestamps, then window scale, each only if the client offered it.
+ * Returns their length, 4 to 20 bytes and a multiple of 4: the SYN-ACK is
+ * no longer than its options make it (an option-less SYN gets a 24-byte
+ * TCP header, as from the kernel). */
 static __always_inline int synack_options(struct synack_tcp *s, const struct tcp_opts *o,
 					  __u16 our_mss, __u8 our_wscale, __u32 tsval)
 {
@@ -1102,6 +1101,30 @@ drop:
 	return XDP_DROP;
 }
 
+/* The port's counters on this CPU if its ACKs (and SYN-ACKs) are filtered
+ * now, with the SYN path's clock in *now; NULL if not. ACK filtering costs
+ * a socket lookup per packet, so it runs only while cookies are being
+ * issued: in always mode, and in auto mode during a flood and its hold
+ * time. Established traffic otherwise pays the port's entry and nothing
+ * more. Only a SYN clears flooding after the hold time: on a port that
+ * gets none once the flood is over, the flood is over all the same, and
+ * so is ACK filtering. */
+static __always_inline struct syn_port_stats *syn_filtering(struct syn_port *port, struct packet *p,
+							    __u64 *now)
+{
+	struct syn_port_stats *st;
+
+	if (port->mode != SYN_MODE_ALWAYS && !(port->mode == SYN_MODE_AUTO && port->flooding))
+		return NULL;
+	st = syn_counters_of(port);
+	if (!st)
+		return NULL;
+	*now = syn_clock(st, p);
+	if (port->mode == SYN_MODE_AUTO && (__s64)(*now - port->flood_until_ns) > 0)
+		return NULL;
+	return st;
+}
+
 /* A SYN-ACK to a protected port while its ACKs are filtered: one that a
  * connection this host opened from the port owns goes on (its tuple
  * marked), and so does one no socket here owns (forwarded traffic). One
@@ -1149,14 +1172,9 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	 * flood of SYN-ACKs (reflected, spoofed) marks nothing, and while
 	 * ACKs are filtered it is dropped like theirs (syn_check_synack). */
 	if ((flags & (TCPF_SYN | TCPF_ACK)) == (TCPF_SYN | TCPF_ACK)) {
-		if (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding)) {
-			st = syn_counters_of(port);
-			if (st) {
-				now = syn_clock(st, p);
-				if (port->mode == SYN_MODE_ALWAYS || (__s64)(now - port->flood_until_ns) <= 0)
-					return syn_check_synack(ctx, p, st);
-			}
-		}
+		st = syn_filtering(port, p, &now);
+		if (st)
+			return syn_check_synack(ctx, p, st);
 		syn_mark_connecting(ctx, p);
 		return SYN_CONTINUE;
 	}
@@ -1186,21 +1204,10 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 		return ret;
 	}
 
-	/* ACK filtering costs a socket lookup per packet, so it runs only
-	 * while cookies are being issued; established traffic otherwise pays
-	 * the port's entry and nothing more. */
-	if ((flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) == TCPF_ACK &&
-	    (port->mode == SYN_MODE_ALWAYS || (port->mode == SYN_MODE_AUTO && port->flooding))) {
-		st = syn_counters_of(port);
-		if (!st)
-			return SYN_CONTINUE;
-		now = syn_clock(st, p);
-		/* Only a SYN clears flooding after the hold time: on a port that
-		 * gets none once the flood is over, the flood is over all the
-		 * same, and so is ACK filtering. */
-		if (port->mode == SYN_MODE_AUTO && (__s64)(now - port->flood_until_ns) > 0)
-			return SYN_CONTINUE;
-		return syn_check_ack(ctx, p, st, now);
+	if ((flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) == TCPF_ACK) {
+		st = syn_filtering(port, p, &now);
+		if (st)
+			return syn_check_ack(ctx, p, st, now);
 	}
 	return SYN_CONTINUE;
 }
