@@ -278,20 +278,8 @@ static __always_inline int rl_is_syn(const struct packet *p)
  * per packet. */
 static __always_inline int rl_on_connection(struct xdp_md *ctx, struct packet *p)
 {
-	struct bpf_sock_tuple t = {};
-	struct bpf_sock *sk;
-	__u32 size;
-
-	if (!p->on_connection) {
-		p->on_connection = 2;
-		size = syn_tuple(p, &t);
-		sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
-		if (sk) {
-			if (sk->state == BPF_TCP_ESTABLISHED)
-				p->on_connection = 1;
-			bpf_sk_release(sk);
-		}
-	}
+	if (!p->on_connection)
+		p->on_connection = tcp_sock_state(ctx, p) == BPF_TCP_ESTABLISHED ? 1 : 2;
 	return p->on_connection == 1;
 }
 

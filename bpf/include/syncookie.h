@@ -436,11 +436,10 @@ static __always_inline int syn_cookie_check(const struct packet *p, const struct
 	return meta;
 }
 
-/* Marks p's tuple if a socket other than a listener owns it (a SYN-ACK to
- * a connection this host opened), and returns the state of the socket
- * that owns it, or -1 for none. A global function: its tuple is not on
- * syn_defend's stack, which the SYN path's deepest calls share. */
-__attribute__((noinline)) int syn_mark_connecting(struct xdp_md *ctx, struct packet *p)
+/* The state of the socket that owns p's TCP tuple in the device's
+ * namespace (established, request, time-wait or listener), or -1 for
+ * none. A global function: its tuple is not on its callers' stacks. */
+__attribute__((noinline)) int tcp_sock_state(struct xdp_md *ctx, const struct packet *p)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
@@ -454,9 +453,19 @@ __attribute__((noinline)) int syn_mark_connecting(struct xdp_md *ctx, struct pac
 	if (!sk)
 		return -1;
 	state = sk->state;
-	if (state != BPF_TCP_LISTEN)
-		syn_mark_packet(p);
 	bpf_sk_release(sk);
+	return state;
+}
+
+/* Marks p's tuple if a socket other than a listener owns it (a SYN-ACK to
+ * a connection this host opened), and returns the state of the socket
+ * that owns it, or -1 for none. */
+static __always_inline int syn_mark_connecting(struct xdp_md *ctx, struct packet *p)
+{
+	int state = tcp_sock_state(ctx, p);
+
+	if (state >= 0 && state != BPF_TCP_LISTEN)
+		syn_mark_packet(p);
 	return state;
 }
 

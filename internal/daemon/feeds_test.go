@@ -262,6 +262,9 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 	if r := e.mustMoat("check-config", "--file-only", e.cfg); !strings.Contains(r.stdout, "1 feed (the daemon fetches them)") {
 		t.Fatalf("check-config: %q", r.stdout)
 	}
+	if r := e.moat("feeds"); r.code == 0 || !strings.Contains(r.stderr, "no moat daemon manages") {
+		t.Fatalf("moat feeds without a daemon: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	e.start()
 	e.waitRules("the feed's entries", func(r []string) bool {
 		return contains(r, "deny 192.0.2.0/24") && contains(r, "deny 198.51.100.9/32")
@@ -280,6 +283,9 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 	if f := e.feeds()[0]; f.Error != "" || f.Deny != 2 {
 		t.Fatalf("after a good copy: %+v", f)
 	}
+	if out := e.mustMoat("feeds").stdout; !strings.Contains(out, ls.URL) || !strings.Contains(out, " ok") {
+		t.Fatalf("moat feeds:\n%s", out)
+	}
 	saved, _ := filepath.Glob(filepath.Join(e.dir, "feeds", "feed-*"))
 	if len(saved) != 2 {
 		t.Fatalf("saved copy and its validators: %v", saved)
@@ -294,6 +300,9 @@ func TestFeedRefusedAndReloaded(t *testing.T) {
 	e.writeConfig(strings.Replace(withFeed, "refresh: 1s", "refresh: 2s", 1))
 	e.mustMoat("reload")
 	e.waitRules("a failing fetch after the reload", func([]string) bool { return strings.Contains(e.feeds()[0].Error, "503") })
+	if out := e.mustMoat("feeds").stdout; !strings.Contains(out, "failing: server answered 503") {
+		t.Fatalf("moat feeds of a failing feed:\n%s", out)
+	}
 	if r := e.rulesNow(); !contains(r, "deny 2001:db8::/48") || !contains(r, "deny 192.0.2.0/24") {
 		t.Fatalf("a reload that changed the refresh lost the feed's copy:\n%s", strings.Join(r, "\n"))
 	}

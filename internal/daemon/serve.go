@@ -76,7 +76,7 @@ func listenShare(sh config.Share) (net.Listener, error) {
 		return nil, nil
 	}
 	if sh.TokenFile != "" {
-		if _, err := readToken(sh.TokenFile); err != nil {
+		if _, err := feed.ReadToken(sh.TokenFile); err != nil {
 			return nil, fmt.Errorf("share: %w", err)
 		}
 	}
@@ -98,19 +98,6 @@ func listenShare(sh config.Share) (net.Listener, error) {
 	return ln, nil
 }
 
-// readToken reads a bearer token: one line, surrounding space left out.
-func readToken(name string) (string, error) {
-	b, err := os.ReadFile(name)
-	if err != nil {
-		return "", err
-	}
-	t := strings.TrimSpace(string(b))
-	if t == "" || strings.ContainsAny(t, "\r\n") {
-		return "", fmt.Errorf("%s: want one line holding the token", name)
-	}
-	return t, nil
-}
-
 // serveShare publishes the rules this host made at run time on ln, for
 // the feeds of other hosts: GET /v1/share (the deny list) or
 // /v1/share?list=allow (if share.allow_list), as the JSON `moat export`
@@ -128,7 +115,7 @@ func (d *Daemon) serveShare(ln net.Listener, sh config.Share) *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/share", func(w http.ResponseWriter, r *http.Request) {
 		if sh.TokenFile != "" {
-			want, err := readToken(sh.TokenFile)
+			want, err := feed.ReadToken(sh.TokenFile)
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 				if err != nil {

@@ -210,6 +210,20 @@ func New(src Source, dir string) (*Feed, error) {
 	return f, nil
 }
 
+// ReadToken reads a bearer token from a file: one line, surrounding
+// space left out. Feeds send it, a share checks it.
+func ReadToken(name string) (string, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return "", err
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" || strings.ContainsAny(t, "\r\n") {
+		return "", fmt.Errorf("%s: want one line holding the token", name)
+	}
+	return t, nil
+}
+
 // Same tells whether f fetches src as it is now: the same settings, and
 // the CA file (read again) unchanged. A reload after a CA was replaced in
 // place makes a new client.
@@ -357,13 +371,9 @@ func (f *Feed) fetch(ctx context.Context, m meta, sum [sha256.Size]byte, have bo
 	}
 	req.Header.Set("User-Agent", "moat-feed")
 	if f.Src.TokenFile != "" {
-		tok, err := os.ReadFile(f.Src.TokenFile)
+		t, err := ReadToken(f.Src.TokenFile)
 		if err != nil {
 			return nil, err
-		}
-		t := strings.TrimSpace(string(tok))
-		if t == "" || strings.ContainsAny(t, "\r\n") {
-			return nil, fmt.Errorf("%s: want one line holding the token", f.Src.TokenFile)
 		}
 		req.Header.Set("Authorization", "Bearer "+t)
 	}
