@@ -108,9 +108,13 @@ func TestTimeWaitReuse(t *testing.T) {
 			t.Fatalf("connection %d from the same port: read %q, %v", i, b, err)
 		}
 	}
-	// The first handshake was moat's, the second the kernel's.
-	if st := s.status(t); st.CookiesIssued != 1 || st.CookiesAccepted != 1 {
-		t.Errorf("status %+v: want exactly one moat handshake", st)
+	// The first handshake was moat's, the second the kernel's: its SYN
+	// went on to the time-wait socket. A SYN-ACK lost on a loaded machine
+	// makes the client send its first SYN again, which gets a cookie of
+	// its own; both answer one handshake.
+	if st := s.status(t); st.CookiesIssued < 1 || st.CookiesAccepted != 1 || st.SYNsPassed != 1 ||
+		st.SYNs != st.CookiesIssued+st.SYNsPassed {
+		t.Errorf("status %+v: want exactly one moat handshake, and the reused tuple's SYN left to the kernel", st)
 	}
 }
 
