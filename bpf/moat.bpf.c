@@ -40,16 +40,27 @@ static __always_inline struct runtime_settings *get_settings(void)
 	return bpf_map_lookup_elem(&settings, &zero);
 }
 
-static __always_inline int verdict(struct xdp_md *ctx, enum verdict_reason reason, int action)
+/* Counts the packet under its reason and verdict and returns the action.
+ * In monitor mode a drop passes instead, counted in the reason's monitored
+ * slot; capture records the pass, marked monitored. */
+static __always_inline int verdict(struct xdp_md *ctx, const struct runtime_settings *cfg,
+				   enum verdict_reason reason, int action)
 {
 	__u32 idx = reason * 2 + (action == XDP_DROP);
-	struct verdict_counter *c = bpf_map_lookup_elem(&counters, &idx);
+	struct verdict_counter *c;
+	int monitored = 0;
 
+	if (action == XDP_DROP && cfg->monitor) {
+		idx = REASON_MAX * 2 + reason;
+		action = XDP_PASS;
+		monitored = 1;
+	}
+	c = bpf_map_lookup_elem(&counters, &idx);
 	if (c) {
 		c->packets++;
 		c->bytes += ctx->data_end - ctx->data;
 	}
-	capture_hook(ctx, reason, action); /* moat dump (capture.h): a branch while off */
+	capture_hook(ctx, reason, action, monitored); /* moat dump (capture.h): a branch while off */
 	return action;
 }
 
@@ -68,13 +79,13 @@ int moat_filter(struct xdp_md *ctx)
 
 	ret = parse_packet(ctx, &pkt);
 	if (ret == PARSE_NON_IP)
-		return verdict(ctx, REASON_NON_IP, XDP_PASS);
+		return verdict(ctx, cfg, REASON_NON_IP, XDP_PASS);
 	/* Headers the stack would see through and the filter cannot: no
 	 * policy passes them, or they would pass every rule (parsing.h). */
 	if (ret == PARSE_EVASIVE)
-		return verdict(ctx, REASON_MALFORMED, XDP_DROP);
+		return verdict(ctx, cfg, REASON_MALFORMED, XDP_DROP);
 	if (ret == PARSE_MALFORMED && (!pkt.addr_ok || cfg->malformed == MALFORMED_DROP))
-		return verdict(ctx, REASON_MALFORMED,
+		return verdict(ctx, cfg, REASON_MALFORMED,
 			       cfg->malformed == MALFORMED_DROP ? XDP_DROP : XDP_PASS);
 
 	/* From here the source address is whole. */
@@ -87,12 +98,12 @@ int moat_filter(struct xdp_md *ctx)
 		if (pkt.l4proto == IPPROTO_TCP && pkt.has_l4 &&
 		    (pkt.tcp_flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN)
 			syn_mark_packet(&pkt);
-		return verdict(ctx, REASON_ALLOWLIST, XDP_PASS);
+		return verdict(ctx, cfg, REASON_ALLOWLIST, XDP_PASS);
 	}
 	rule = match_deny(&pkt);
 	if (rule) {
 		__sync_fetch_and_add(&rule->hits, 1);
-		return verdict(ctx, REASON_DENYLIST, XDP_DROP);
+		return verdict(ctx, cfg, REASON_DENYLIST, XDP_DROP);
 	}
 
 	/* Rate limits and flood budgets (ratelimit.h): after the lists, so
@@ -101,32 +112,36 @@ int moat_filter(struct xdp_md *ctx)
 	 * fragments and malformed packets count against their source too. */
 	switch (rl_check(ctx, &pkt)) {
 	case RL_DROP_SOURCE:
-		return verdict(ctx, REASON_RATELIMIT, XDP_DROP);
+		return verdict(ctx, cfg, REASON_RATELIMIT, XDP_DROP);
 	case RL_DROP_BUDGET:
-		return verdict(ctx, REASON_BUDGET, XDP_DROP);
+		return verdict(ctx, cfg, REASON_BUDGET, XDP_DROP);
 	}
 
 	if (ret == PARSE_MALFORMED) /* malformed L4, passed by policy */
-		return verdict(ctx, REASON_MALFORMED, XDP_PASS);
+		return verdict(ctx, cfg, REASON_MALFORMED, XDP_PASS);
 	if (pkt.fragment)
-		return verdict(ctx, REASON_FRAGMENT,
+		return verdict(ctx, cfg, REASON_FRAGMENT,
 			       cfg->fragments == FRAGMENTS_DROP ? XDP_DROP : XDP_PASS);
 
 	prule = match_port(&pkt);
 	if (prule && prule->action == ACTION_DROP)
-		return verdict(ctx, REASON_PORT_DROP, XDP_DROP);
+		return verdict(ctx, cfg, REASON_PORT_DROP, XDP_DROP);
 
 	/* SYN flood defence (syncookie.h): answers SYNs with cookies, drops
-	 * ACKs that fit no socket. Per port in syn_counters, per interface here. */
-	ret = syn_defend(ctx, &pkt);
-	if (ret == XDP_TX)
-		return verdict(ctx, REASON_SYN_COOKIE, XDP_TX);
-	if (ret != SYN_CONTINUE)
-		return verdict(ctx, REASON_SYN_DEFENCE, ret);
+	 * ACKs that fit no socket. Per port in syn_counters, per interface
+	 * here. Monitor mode leaves SYNs and ACKs to the kernel: a SYN-ACK
+	 * sent is no verdict that could be counted and then not enforced. */
+	if (!cfg->monitor) {
+		ret = syn_defend(ctx, &pkt);
+		if (ret == XDP_TX)
+			return verdict(ctx, cfg, REASON_SYN_COOKIE, XDP_TX);
+		if (ret != SYN_CONTINUE)
+			return verdict(ctx, cfg, REASON_SYN_DEFENCE, ret);
+	}
 
 	if (prule)
-		return verdict(ctx, REASON_PORT_ALLOW, XDP_PASS);
-	return verdict(ctx, REASON_PASS, XDP_PASS);
+		return verdict(ctx, cfg, REASON_PORT_ALLOW, XDP_PASS);
+	return verdict(ctx, cfg, REASON_PASS, XDP_PASS);
 }
 
 /* ORs args->w into block args->block of summary map m: an atomic OR, so

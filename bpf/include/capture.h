@@ -202,7 +202,7 @@ __noinline int capture_match(struct xdp_md *ctx, __u32 reason, struct capture_re
 
 /* Decides whether the packet is wanted and writes its record. Returns 1 if
  * it wrote one. */
-__noinline int capture_packet(struct xdp_md *ctx, __u32 reason, __u32 action)
+__noinline int capture_packet(struct xdp_md *ctx, __u32 reason, __u32 action, __u32 monitored)
 {
 	struct capture_record hdr = {};
 	struct capture_config *c;
@@ -215,7 +215,8 @@ __noinline int capture_packet(struct xdp_md *ctx, __u32 reason, __u32 action)
 		return 0;
 	if (c->ifindex && c->ifindex != ctx->ingress_ifindex)
 		goto unwanted;
-	if (!(c->verdicts & (action == XDP_DROP ? CAPTURE_VERDICT_DROP : CAPTURE_VERDICT_PASS)))
+	/* A drop that monitor mode passed is selected as a drop. */
+	if (!(c->verdicts & (action == XDP_DROP || monitored ? CAPTURE_VERDICT_DROP : CAPTURE_VERDICT_PASS)))
 		goto unwanted;
 	if (!capture_match(ctx, reason, &hdr))
 		goto unwanted;
@@ -239,6 +240,7 @@ __noinline int capture_packet(struct xdp_md *ctx, __u32 reason, __u32 action)
 	hdr.cap_len = len;
 	hdr.action = action;
 	hdr.reason = reason;
+	hdr.monitored = !!monitored;
 
 #define CAPTURE_TRY(size)                                 \
 	if (len <= size)                                  \
@@ -269,13 +271,14 @@ lapsed:
 }
 
 /* The hook verdict() calls: everything past the flag is out of line. */
-static __always_inline void capture_hook(struct xdp_md *ctx, enum verdict_reason reason, int action)
+static __always_inline void capture_hook(struct xdp_md *ctx, enum verdict_reason reason, int action,
+					 int monitored)
 {
 	__u32 zero = 0;
 	struct capture_config *c = bpf_map_lookup_elem(&capture_settings, &zero);
 
 	if (c && c->enabled)
-		capture_packet(ctx, reason, action);
+		capture_packet(ctx, reason, action, monitored);
 }
 
 #endif /* MOAT_CAPTURE_H */

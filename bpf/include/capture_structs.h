@@ -65,7 +65,8 @@ struct capture_record {
 	__u8 rule_family;
 	__u8 rule_prefixlen;
 	__u16 port_rule; /* id of the port rule that decided, 0: none */
-	__u16 pad;
+	__u8 monitored; /* a drop that monitor mode passed: action is XDP_PASS */
+	__u8 pad;
 	__u8 rule_addr[16];
 };
 

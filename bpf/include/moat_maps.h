@@ -113,10 +113,11 @@ struct {
 } settings SEC(".maps");
 
 /* Per interface: packets and bytes by reason and verdict, indexed by
- * reason * 2 + (verdict == XDP_DROP). */
+ * reason * 2 + (verdict == XDP_DROP), then, from REASON_MAX * 2, by
+ * reason alone for the drops monitor mode passed. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, REASON_MAX * 2);
+	__uint(max_entries, REASON_MAX * 3);
 	__type(key, __u32);
 	__type(value, struct verdict_counter);
 } counters SEC(".maps");

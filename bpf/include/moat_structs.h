@@ -103,6 +103,10 @@ struct runtime_settings {
 	__u32 fragments; /* enum fragment_policy */
 	__u32 malformed; /* enum malformed_policy */
 	__u32 allow_in_use; /* enum allow_in_use bits */
+	/* Non-zero: monitor mode. Every verdict that would drop passes and is
+	 * counted as monitored; the SYN defence, which answers and drops
+	 * rather than judges, stands down. */
+	__u32 monitor;
 };
 
 #endif /* MOAT_STRUCTS_H */

@@ -378,6 +378,49 @@ func TestCaptureFilters(t *testing.T) {
 	}
 }
 
+// TestCaptureMonitored: in monitor mode a frame a rule would drop passes,
+// and its record says pass, marked monitored; a drop selection still
+// takes it, a pass selection takes only what passed by judgement.
+func TestCaptureMonitored(t *testing.T) {
+	f := newFixture(t, 0)
+	f.rules()
+	if err := f.objs.Settings.Put(uint32(0), datapath.MoatRuntimeSettings{Monitor: 1}); err != nil {
+		t.Fatal(err)
+	}
+	denied := testpkt.TCPv4(denied4, server4, testpkt.TCP{SYN: true, SrcPort: 40000, DstPort: otherPort})
+	clean := testpkt.TCPv4(clean4, server4, testpkt.TCP{SYN: true, SrcPort: 40001, DstPort: otherPort})
+	for _, c := range []struct {
+		verdicts Verdicts
+		want     []string // comments, in order
+	}{
+		{VerdictDrop, []string{"moat: monitored denylist rule=10.0.0.0/8"}},
+		{VerdictPass, []string{"moat: pass pass"}},
+		{VerdictAll, []string{"moat: monitored denylist rule=10.0.0.0/8", "moat: pass pass"}},
+	} {
+		s := f.start(Filter{Verdicts: c.verdicts})
+		for _, pkt := range [][]byte{denied, clean} {
+			if got := f.run(pkt, 1, 0); got != ActionPass {
+				t.Fatalf("verdict %d in monitor mode, want XDP_PASS", got)
+			}
+		}
+		got := drain(t, s)
+		s.Close()
+		var comments []string
+		for _, r := range got {
+			if r.Action != ActionPass {
+				t.Errorf("record action %d, want pass", r.Action)
+			}
+			if r.Monitored != bytes.Equal(r.Data, denied) {
+				t.Errorf("record of the %s frame: monitored %v", map[bool]string{true: "denied", false: "clean"}[bytes.Equal(r.Data, denied)], r.Monitored)
+			}
+			comments = append(comments, Comment(r, nil))
+		}
+		if fmt.Sprint(comments) != fmt.Sprint(c.want) {
+			t.Errorf("verdicts %d: records %q, want %q", c.verdicts, comments, c.want)
+		}
+	}
+}
+
 // TestCaptureSnaplen: frames are cut at the snap length and keep their
 // length; a frame in every size class comes back whole.
 func TestCaptureSnaplen(t *testing.T) {

@@ -39,11 +39,18 @@ func ReasonName(r shield.Reason) string {
 //	moat: drop denylist rule=198.19.0.0/16
 //	moat: drop port_drop rule=#3 udp/9
 //	moat: pass pass
+//	moat: monitored denylist rule=198.19.0.0/16
+//
+// (monitored: a drop that monitor mode passed).
 //
 // portRule names a port rule by id ("" if unknown).
 func Comment(p Packet, portRule func(id uint16) string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "moat: %s %s", ActionName(p.Action), ReasonName(p.Reason))
+	action := ActionName(p.Action)
+	if p.Monitored {
+		action = "monitored" // passed by monitor mode, a drop otherwise
+	}
+	fmt.Fprintf(&b, "moat: %s %s", action, ReasonName(p.Reason))
 	switch {
 	case p.Rule.IsValid():
 		fmt.Fprintf(&b, " rule=%s", p.Rule.Masked())

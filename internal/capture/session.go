@@ -81,7 +81,10 @@ type Packet struct {
 	Length  int    // length of the frame on the wire
 	Data    []byte // its first bytes, up to the snap length
 	Action  uint8  // XDP_DROP, XDP_PASS, ...
-	Reason  shield.Reason
+	// Monitored: a rule would have dropped the frame and monitor mode
+	// passed it (Action is XDP_PASS).
+	Monitored bool
+	Reason    shield.Reason
 	// Rule is the allow or deny entry that decided, when one did.
 	Rule netip.Prefix
 	// PortRule is the id of the port rule that decided, 0 if none.
@@ -269,13 +272,14 @@ func (s *Session) Next(deadline time.Time) (Packet, error) {
 			return Packet{}, fmt.Errorf("capture record of %d bytes claims %d bytes of frame", len(raw), hdr.CapLen)
 		}
 		p := Packet{
-			Time:     time.Unix(0, int64(hdr.TsNs)+s.wallOff),
-			Ifindex:  int(hdr.Ifindex),
-			Length:   int(hdr.PktLen),
-			Data:     raw[recordSize : recordSize+int(hdr.CapLen)],
-			Action:   hdr.Action,
-			Reason:   shield.Reason(hdr.Reason),
-			PortRule: hdr.PortRule,
+			Time:      time.Unix(0, int64(hdr.TsNs)+s.wallOff),
+			Ifindex:   int(hdr.Ifindex),
+			Length:    int(hdr.PktLen),
+			Data:      raw[recordSize : recordSize+int(hdr.CapLen)],
+			Action:    hdr.Action,
+			Monitored: hdr.Monitored != 0,
+			Reason:    shield.Reason(hdr.Reason),
+			PortRule:  hdr.PortRule,
 		}
 		switch hdr.RuleFamily {
 		case 4:

@@ -117,6 +117,7 @@ func TestBadInput(t *testing.T) {
 		{"policy second value bad", []string{"policy", "fragments", "pass", "malformed", "maybe"}, "malformed"},
 		{"policy unknown name", []string{"policy", "ttl", "drop"}, "unknown policy"},
 		{"policy without value", []string{"policy", "malformed"}, "values"},
+		{"policy monitor bad value", []string{"policy", "fragments", "drop", "monitor", "yes"}, `invalid monitor mode "yes": want on or off`},
 		{"stats of an interface not attached", []string{"stats", "--interface", "moat-nx0"}, "not attached"},
 		{"stats of an interface not attached, old flag name", []string{"stats", "--iface", "moat-nx0"}, "not attached"},
 		{"export --list of JSON", []string{"export", "--list", "allow"}, "--list picks the list of --format plain"},
@@ -164,6 +165,7 @@ func TestBadInputFreshRoot(t *testing.T) {
 		{"stats", "--iface", "moat-nx0"},
 		{"policy", "fragments", "maybe"},
 		{"policy", "fragments", "drop", "fragments", "pass"},
+		{"policy", "monitor", "1"},
 		{"syn", "protect", "tcp/443", "--mode", "off"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {

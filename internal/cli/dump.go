@@ -101,7 +101,7 @@ func newDumpCmd(g *globals) *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVarP(&d.iface, "interface", "i", "", "capture on this interface only (default: every interface moat is attached to)")
 	fl.StringVarP(&d.out, "write", "w", "-", "pcapng file to write, - for stdout")
-	fl.StringVar(&d.verdict, "verdict", "all", "drop, pass or all (pass also selects SYN-ACKs that moat answered with a cookie, written as tx)")
+	fl.StringVar(&d.verdict, "verdict", "all", "drop, pass or all (pass also selects SYN-ACKs that moat answered with a cookie, written as tx; drop also selects what monitor mode passed, written as monitored)")
 	fl.StringVar(&d.host, "host", "", "only packets from or to this address")
 	fl.StringVar(&d.net, "net", "", "only packets from or to this prefix")
 	fl.StringVar(&d.proto, "proto", "", "only this protocol: tcp, udp, icmp or icmpv6")

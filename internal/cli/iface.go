@@ -259,6 +259,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 			w.Flush()
 			fmt.Fprintf(cmd.OutOrStdout(), "rules: %d allow, %d deny, %d port\npolicy: fragments %s, malformed %s\n",
 				st.Rules.Allow, st.Rules.Deny, st.Rules.Ports, st.Settings.Fragments, st.Settings.Malformed)
+			if st.Settings.Monitor {
+				fmt.Fprintln(cmd.OutOrStdout(), "MONITOR MODE: nothing is dropped; what rules would drop passes and is counted as monitored (moat policy monitor off to enforce)")
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "deny summary: ipv4 %s, ipv6 %s (host summary: ipv4 %s, ipv6 %s), %d entries removed since the last rebuild\n",
 				onOff(st.Summary.IPv4), onOff(st.Summary.IPv6), onOff(st.Summary.HostIPv4), onOff(st.Summary.HostIPv6), st.Summary.Removed)
 			if st.Summary.Error != "" {

@@ -670,3 +670,57 @@ func TestLabAttachTaken(t *testing.T) {
 		t.Fatalf("the first root's attachment changed: %+v -> %+v", before.Interfaces, after.Interfaces)
 	}
 }
+
+// TestLabMonitorMode: with monitor mode on, a denylisted source's TCP and
+// UDP reach the server, counted as monitored under the denylist and with
+// hits on its entry; a port rule's drops pass the same way; status and
+// policy say so; off again, the same rules drop.
+func TestLabMonitorMode(t *testing.T) {
+	t.Parallel()
+	sl := newShieldLab(t)
+	toClient, toAttacker := sl.ifaces()
+	a, c := sl.lab.Attacker, sl.lab.Client
+	udp, udp2 := sl.udp[0], sl.udp[1]
+	sl.mustMoat("attach", toClient, toAttacker)
+	sl.mustMoat("block", sl.attackerV4().String())
+	sl.mustMoat("port", "drop", fmt.Sprintf("udp/%d", udp2.port))
+	sl.expectNoUDP(a, false, udp)
+	sl.expectNoUDP(c, false, udp2)
+
+	if r := sl.mustMoat("policy", "monitor", "on"); !strings.Contains(r.stdout, "monitor on") {
+		t.Fatalf("policy output:\n%s", r.stdout)
+	}
+	if r := sl.mustMoat("status"); !strings.Contains(r.stdout, "MONITOR MODE") {
+		t.Errorf("status does not say monitor mode:\n%s", r.stdout)
+	}
+	if st := sl.status(); !st.Settings.Monitor {
+		t.Errorf("status --json settings %+v: want monitor", st.Settings)
+	}
+	before := sl.stats()[toAttacker].ByReason["denylist"]
+	sl.expectConnect(a, false)
+	sl.expectUDP(a, false, udp)
+	sl.expectUDP(c, false, udp2)
+	after := sl.stats()
+	deny := after[toAttacker].ByReason["denylist"]
+	if deny.Dropped != before.Dropped {
+		t.Errorf("denylist dropped %d more packets in monitor mode", deny.Dropped.Packets-before.Dropped.Packets)
+	}
+	// The SYN, the handshake's ACK and at least the UDP datagram.
+	if deny.Monitored.Packets < 3 || after[toAttacker].Monitored.Packets < deny.Monitored.Packets {
+		t.Errorf("denylist monitored %+v, interface %+v: want the connection and datagram counted", deny.Monitored, after[toAttacker].Monitored)
+	}
+	if m := after[toClient].ByReason["port_drop"].Monitored.Packets; m != 1 {
+		t.Errorf("port_drop monitored %d packets, want the one datagram", m)
+	}
+	if rs := sl.list(); len(rs.Deny) != 1 || rs.Deny[0].Hits < 3 {
+		t.Errorf("deny list %+v: want the entry's hits counted in monitor mode", rs.Deny)
+	}
+
+	sl.mustMoat("policy", "monitor", "off")
+	sl.expectNoConnect(a, false)
+	sl.expectNoUDP(a, false, udp)
+	sl.expectNoUDP(c, false, udp2)
+	if r := sl.mustMoat("status"); strings.Contains(r.stdout, "MONITOR MODE") {
+		t.Errorf("status still says monitor mode:\n%s", r.stdout)
+	}
+}

@@ -235,9 +235,10 @@ func checkPortChange(existing []shield.PortRule, spec rules.PortSpec, remove boo
 
 func newPolicyCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "policy [fragments pass|drop] [malformed drop|pass]",
-		Short: "Show or set what happens to non-first fragments and to malformed packets",
+		Use:   "policy [fragments pass|drop] [malformed drop|pass] [monitor on|off]",
+		Short: "Show or set what happens to non-first fragments and to malformed packets, and monitor mode",
 		Long: "Show or set what happens to non-first fragments (they carry no ports: pass, the default, or drop) and to malformed packets (truncated or inconsistent headers: drop, the default, or pass).\n\n" +
+			"monitor on puts moat in monitor mode, to try rules on live traffic: every packet a rule, limit or policy would drop passes and is counted as monitored under its reason (moat stats), and the SYN defence stands down (SYNs and ACKs go to the kernel as with mode never). Rate limits still charge their sources and auto-block, so the deny list shows what enforcing would have blocked. monitor off (the default) enforces.\n\n" +
 			"Headers the kernel would see through where the filter cannot (a third VLAN tag, an IPv6 extension chain longer than eight headers, an IPv4 TCP fragment at offset 8 bytes, a first fragment that cuts its TCP, UDP or ICMP header) are dropped whatever the malformed policy: passed, they would skip every rule.",
 		Args: args(func(_ *cobra.Command, a []string) error {
 			if len(a)%2 != 0 {
@@ -250,8 +251,14 @@ func newPolicyCmd(g *globals) *cobra.Command {
 			// twice, which value was meant is anyone's guess.
 			seen := map[string]bool{}
 			for i := 0; i < len(a); i += 2 {
-				if a[i] != "fragments" && a[i] != "malformed" {
-					return usagef("unknown policy %q: want fragments or malformed", a[i])
+				switch a[i] {
+				case "fragments", "malformed":
+				case "monitor":
+					if a[i+1] != "on" && a[i+1] != "off" {
+						return usagef("invalid monitor mode %q: want on or off", a[i+1])
+					}
+				default:
+					return usagef("unknown policy %q: want fragments, malformed or monitor", a[i])
 				}
 				if seen[a[i]] {
 					return usagef("policy %s given twice", a[i])
@@ -277,6 +284,8 @@ func newPolicyCmd(g *globals) *cobra.Command {
 					set.Fragments = a[i+1]
 				case "malformed":
 					set.Malformed = a[i+1]
+				case "monitor":
+					set.Monitor = a[i+1] == "on"
 				}
 			}
 			if err := set.Validate(); err != nil {
@@ -287,7 +296,7 @@ func newPolicyCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "fragments %s\nmalformed %s\n", set.Fragments, set.Malformed)
+			fmt.Fprintf(cmd.OutOrStdout(), "fragments %s\nmalformed %s\nmonitor %s\n", set.Fragments, set.Malformed, onOff(set.Monitor))
 			return nil
 		},
 	}

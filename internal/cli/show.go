@@ -85,6 +85,9 @@ type Rates struct {
 	// SYNs answered with cookies (XDP_TX).
 	AnsweredPPS  float64 `json:"answered_pps"`
 	AnsweredMbps float64 `json:"answered_mbps"`
+	// Packets passed in monitor mode that a rule would have dropped.
+	MonitoredPPS  float64 `json:"monitored_pps"`
+	MonitoredMbps float64 `json:"monitored_mbps"`
 }
 
 func newStatsCmd(g *globals) *cobra.Command {
@@ -182,12 +185,14 @@ func watchRates(p, c shield.Counters, dt float64) *Rates {
 	pps := func(p, c shield.Count) float64 { return float64(since(p.Packets, c.Packets)) / dt }
 	mbps := func(p, c shield.Count) float64 { return float64(since(p.Bytes, c.Bytes)) * 8 / dt / 1e6 }
 	return &Rates{
-		PassedPPS:    pps(p.Passed, c.Passed),
-		DroppedPPS:   pps(p.Dropped, c.Dropped),
-		PassedMbps:   mbps(p.Passed, c.Passed),
-		DroppedMbps:  mbps(p.Dropped, c.Dropped),
-		AnsweredPPS:  pps(p.Answered, c.Answered),
-		AnsweredMbps: mbps(p.Answered, c.Answered),
+		PassedPPS:     pps(p.Passed, c.Passed),
+		DroppedPPS:    pps(p.Dropped, c.Dropped),
+		PassedMbps:    mbps(p.Passed, c.Passed),
+		DroppedMbps:   mbps(p.Dropped, c.Dropped),
+		AnsweredPPS:   pps(p.Answered, c.Answered),
+		AnsweredMbps:  mbps(p.Answered, c.Answered),
+		MonitoredPPS:  pps(p.Monitored, c.Monitored),
+		MonitoredMbps: mbps(p.Monitored, c.Monitored),
 	}
 }
 
@@ -231,6 +236,10 @@ func printStats(w io.Writer, reports []StatsReport, asJSON bool) error {
 		if r.Answered.Packets > 0 {
 			row("answered", r.Answered, pr.AnsweredPPS, pr.AnsweredMbps)
 		}
+		if r.Monitored.Packets > 0 {
+			// Passed in monitor mode; a rule would have dropped them.
+			row("monitored", r.Monitored, pr.MonitoredPPS, pr.MonitoredMbps)
+		}
 		reasons := make([]string, 0, len(r.ByReason))
 		for k := range r.ByReason {
 			reasons = append(reasons, k)
@@ -246,6 +255,9 @@ func printStats(w io.Writer, reports []StatsReport, asJSON bool) error {
 			}
 			if rc.Answered.Packets > 0 {
 				fmt.Fprintf(tw, "  %s answered\t%d\t%s\t\n", k, rc.Answered.Packets, humanBytes(rc.Answered.Bytes))
+			}
+			if rc.Monitored.Packets > 0 {
+				fmt.Fprintf(tw, "  %s monitored\t%d\t%s\t\n", k, rc.Monitored.Packets, humanBytes(rc.Monitored.Bytes))
 			}
 		}
 	}

@@ -176,6 +176,9 @@ type PortRule struct {
 type Policy struct {
 	Fragments string `yaml:"fragments"` // pass (default) or drop
 	Malformed string `yaml:"malformed"` // drop (default) or pass
+	// Monitor: count what would be dropped and pass it; the SYN defence
+	// stands down (default false: enforce).
+	Monitor bool `yaml:"monitor"`
 }
 
 // SYN configures the SYN flood defence.
@@ -763,7 +766,7 @@ func (c *Config) buildSet(base string, e *errs) *Set {
 		Allow:    make([]rules.PrefixEntry, 0, len(c.Allow)),
 		Deny:     make([]rules.PrefixEntry, 0, len(c.Deny)),
 		Ports:    make([]rules.PortEntry, 0, len(c.Ports)),
-		Settings: &rules.Settings{Fragments: c.Policy.Fragments, Malformed: c.Policy.Malformed},
+		Settings: &rules.Settings{Fragments: c.Policy.Fragments, Malformed: c.Policy.Malformed, Monitor: c.Policy.Monitor},
 	}
 	for li, l := range [][]PrefixRule{c.Allow, c.Deny} {
 		dst := &rs.Allow

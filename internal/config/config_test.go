@@ -67,6 +67,7 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"bad iface name", "interfaces:\n  - name: this-name-is-far-too-long\n", 2, "not a valid interface name"},
 		{"duplicate iface", "interfaces:\n  - name: eth0\n  - name: eth0\n", 3, "listed twice"},
 		{"bad policy", "policy:\n  fragments: maybe\n", 2, `invalid policy "maybe"`},
+		{"bad monitor", "policy:\n  monitor: on\n", 2, "want true or false"},
 		{"bad metrics address", "metrics:\n  address: localhost\n", 2, "not HOST:PORT"},
 		{"snaplen above the data path's", "capture:\n  max_snaplen: 262144\n", 2, "capture.max_snaplen: 262144 is above 9216"},
 		{"bad bool", "metrics:\n  enabled: yes please\n", 2, "want true or false"},
@@ -173,6 +174,7 @@ ports:
     action: drop
 policy:
   fragments: drop
+  monitor: true
 syn:
   rotate_every: 30s
   ports:
@@ -201,7 +203,7 @@ syn:
 	if len(rs.Ports) != 1 || rs.Ports[0].Spec.String() != "udp/19" || rs.Ports[0].Action != rules.Drop {
 		t.Errorf("ports = %v", rs.Ports)
 	}
-	if rs.Settings.Fragments != "drop" || rs.Settings.Malformed != "drop" {
+	if rs.Settings.Fragments != "drop" || rs.Settings.Malformed != "drop" || !rs.Settings.Monitor {
 		t.Errorf("settings = %+v", rs.Settings)
 	}
 	if cfg.SYN.RotateEvery != 30*time.Second || cfg.SYN.Ports[0].Threshold != 2000 || cfg.SYN.Ports[0].Mode != "always" {

@@ -483,7 +483,7 @@ func (d *Daemon) applyRules(s *shield.Shield, w *wanted, p *rulePlan, ch *Change
 		if err := s.SetSettings(w.settings); err != nil {
 			return err
 		}
-		d.log.Info("policy changed", "fragments", w.settings.Fragments, "malformed", w.settings.Malformed)
+		d.log.Info("policy changed", "fragments", w.settings.Fragments, "malformed", w.settings.Malformed, "monitor", w.settings.Monitor)
 	}
 
 	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {

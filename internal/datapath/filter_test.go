@@ -481,6 +481,18 @@ func expiredChain(l list, prefixes ...string) func(*fixture) {
 // between cases, and checks the verdict, the one counter slot it must land in
 // (packets 1, bytes the frame length), and the rule hit counters.
 func TestFilter(t *testing.T) {
+	runFilterCases(t, false)
+}
+
+// TestFilterMonitorMode runs the same table in monitor mode: every packet
+// a case drops passes and is counted in its reason's monitored slot, with
+// the same rule hits; every packet a case passes is judged and counted as
+// before.
+func TestFilterMonitorMode(t *testing.T) {
+	runFilterCases(t, true)
+}
+
+func runFilterCases(t *testing.T, monitor bool) {
 	f := newFixture(t)
 	for _, tc := range filterCases() {
 		t.Run(tc.name, func(t *testing.T) {
@@ -489,13 +501,20 @@ func TestFilter(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(f)
 			}
-			got := f.run(tc.pkt)
-			if got != tc.verdict {
-				t.Errorf("verdict %s, want %s", verdictName(got), verdictName(tc.verdict))
-			}
+			wantVerdict := tc.verdict
 			idx := uint32(tc.reason) * 2
 			if tc.verdict == xdpDrop {
 				idx++
+			}
+			if monitor {
+				f.setMonitor(true)
+				if tc.verdict == xdpDrop {
+					wantVerdict, idx = xdpPass, monitoredSlot(tc.reason)
+				}
+			}
+			got := f.run(tc.pkt)
+			if got != wantVerdict {
+				t.Errorf("verdict %s, want %s", verdictName(got), verdictName(wantVerdict))
 			}
 			slots := f.countedSlots()
 			want := MoatVerdictCounter{Packets: 1, Bytes: uint64(len(tc.pkt))}

@@ -291,14 +291,31 @@ func (f *fixture) setPolicy(frag MoatFragmentPolicy, malformed MoatMalformedPoli
 	}
 }
 
-// counter returns the packets and bytes counted for a reason and verdict,
-// summed over CPUs.
-func (f *fixture) counter(reason MoatVerdictReason, drop bool) MoatVerdictCounter {
+// setMonitor turns monitor mode on or off, keeping the other settings.
+func (f *fixture) setMonitor(on bool) {
 	f.tb.Helper()
-	idx := uint32(reason) * 2
-	if drop {
-		idx++
+	var s MoatRuntimeSettings
+	if err := f.objs.Settings.Lookup(uint32(0), &s); err != nil {
+		f.tb.Fatalf("settings: %v", err)
 	}
+	s.Monitor = 0
+	if on {
+		s.Monitor = 1
+	}
+	if err := f.objs.Settings.Put(uint32(0), s); err != nil {
+		f.tb.Fatalf("settings: %v", err)
+	}
+}
+
+// monitoredSlot is the counters index of a reason's drops that monitor
+// mode passed (bpf/include/moat_maps.h).
+func monitoredSlot(r MoatVerdictReason) uint32 {
+	return uint32(MoatVerdictReasonREASON_MAX)*2 + uint32(r)
+}
+
+// slotCounter sums one counters slot over CPUs.
+func (f *fixture) slotCounter(idx uint32) MoatVerdictCounter {
+	f.tb.Helper()
 	var per []MoatVerdictCounter
 	if err := f.objs.Counters.Lookup(idx, &per); err != nil {
 		f.tb.Fatalf("counters[%d]: %v", idx, err)
@@ -311,20 +328,26 @@ func (f *fixture) counter(reason MoatVerdictReason, drop bool) MoatVerdictCounte
 	return c
 }
 
-// countedSlots returns every non-zero counter slot, so a test can check
-// that a packet was counted once, under one reason.
+// counter returns the packets and bytes counted for a reason and verdict,
+// summed over CPUs.
+func (f *fixture) counter(reason MoatVerdictReason, drop bool) MoatVerdictCounter {
+	f.tb.Helper()
+	idx := uint32(reason) * 2
+	if drop {
+		idx++
+	}
+	return f.slotCounter(idx)
+}
+
+// countedSlots returns every non-zero counter slot (pass, drop and
+// monitored), so a test can check that a packet was counted once, under
+// one reason.
 func (f *fixture) countedSlots() map[uint32]MoatVerdictCounter {
 	f.tb.Helper()
 	out := map[uint32]MoatVerdictCounter{}
-	for r := MoatVerdictReason(0); r < MoatVerdictReasonREASON_MAX; r++ {
-		for _, drop := range []bool{false, true} {
-			if c := f.counter(r, drop); c.Packets != 0 {
-				idx := uint32(r) * 2
-				if drop {
-					idx++
-				}
-				out[idx] = c
-			}
+	for i := uint32(0); i < f.objs.Counters.MaxEntries(); i++ {
+		if c := f.slotCounter(i); c.Packets != 0 {
+			out[i] = c
 		}
 	}
 	return out
@@ -334,7 +357,7 @@ func (f *fixture) countedSlots() map[uint32]MoatVerdictCounter {
 func (f *fixture) resetCounters() {
 	f.tb.Helper()
 	zero := make([]MoatVerdictCounter, ebpfPossibleCPUs(f.tb))
-	for i := uint32(0); i < uint32(MoatVerdictReasonREASON_MAX)*2; i++ {
+	for i := uint32(0); i < f.objs.Counters.MaxEntries(); i++ {
 		if err := f.objs.Counters.Put(i, zero); err != nil {
 			f.tb.Fatalf("reset counters: %v", err)
 		}

@@ -70,7 +70,8 @@ type MoatCaptureRecord struct {
 	RuleFamily    uint8
 	RulePrefixlen uint8
 	PortRule      uint16
-	Pad           uint16
+	Monitored     uint8
+	Pad           uint8
 	RuleAddr      [16]uint8
 }
 
@@ -308,6 +309,7 @@ type MoatRuntimeSettings struct {
 	Fragments  uint32
 	Malformed  uint32
 	AllowInUse uint32
+	Monitor    uint32
 }
 
 type MoatShapePortBlock struct {

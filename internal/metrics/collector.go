@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,7 +80,8 @@ var (
 			"non_ip, allowlist, port_allow; drop: denylist, port_drop, ratelimit (a source over its limit), "+
 			"budget (over a flood budget), syn_defence (ACKs with no socket and no valid cookie, SYNs unfit "+
 			"for a cookie); pass or drop by policy: fragment, malformed; tx: syn_cookie (SYNs answered with a "+
-			"SYN-ACK cookie, counted as the SYN-ACKs sent). Per port: moat_syncookie_*.",
+			"SYN-ACK cookie, counted as the SYN-ACKs sent); monitored: the packets a drop reason would have "+
+			"dropped and that passed in monitor mode (moat_monitor_mode). Per port: moat_syncookie_*.",
 		"interface", "verdict", "reason")
 	bytesDesc = desc("moat_bytes_total",
 		"Bytes of the packets in moat_packets_total: whole frames as XDP sees them, from the Ethernet header, "+
@@ -184,6 +187,9 @@ var (
 		"collector")
 	scrapeDurationDesc = desc("moat_scrape_collector_duration_seconds",
 		"How long this part of the scrape took.", "collector")
+	monitorDesc = desc("moat_monitor_mode",
+		"1 if moat is in monitor mode (moat policy monitor on): nothing is dropped, what rules would drop "+
+			"passes and is counted as verdict monitored, and the SYN defence stands down.")
 	stateDesc = desc("moat_state_present",
 		"1 if moat's pinned state exists under the configured bpffs root, 0 if moat is not set up.")
 )
@@ -214,7 +220,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		synThresholdDesc, synPortInfoDesc, keyRotationsDesc, keyRotatedDesc, keysStaleDesc,
 		censusPassesDesc, censusSocketsDesc, censusCurrentDesc,
 		rlPacketsDesc, rlBytesDesc, rlUntrackedDesc, rlTrackedDesc, rlBlocksDesc, rlBlockErrorsDesc,
-		listScanAgeDesc, scrapeSuccessDesc, scrapeDurationDesc, stateDesc,
+		listScanAgeDesc, scrapeSuccessDesc, scrapeDurationDesc, stateDesc, monitorDesc,
 	} {
 		ch <- d
 	}
@@ -243,6 +249,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	defer p.close()
 	ch <- gauge(stateDesc, 1)
 	for _, pt := range []part{
+		{"policy", collectPolicy},
 		{"interfaces", c.collectInterfaces},
 		{"port_rules", c.collectPortRules},
 		{"lists", c.collectLists},
@@ -260,6 +267,26 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- gauge(scrapeSuccessDesc, ok, pt.name)
 		ch <- gauge(scrapeDurationDesc, time.Since(start).Seconds(), pt.name)
 	}
+}
+
+// collectPolicy reports monitor mode. The pinned settings are read as
+// bytes: a moat from before monitor mode pinned a shorter value, which
+// says it is off.
+func collectPolicy(p *pinned, ch chan<- prometheus.Metric) error {
+	m, err := p.mapNamed(datapath.MoatMapSettings)
+	if err != nil {
+		return err
+	}
+	var v []byte
+	if err := m.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("read settings: %w", err)
+	}
+	on := false
+	if at := int(unsafe.Offsetof(datapath.MoatRuntimeSettings{}.Monitor)); len(v) >= at+4 {
+		on = binary.NativeEndian.Uint32(v[at:]) != 0
+	}
+	ch <- gauge(monitorDesc, boolValue(on))
+	return nil
 }
 
 func gauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {
@@ -286,8 +313,11 @@ func reasonNames() []string {
 // unless one ever counts.
 var reasonVerdicts = map[string][]string{
 	"pass": {"pass"}, "non_ip": {"pass"}, "allowlist": {"pass"}, "port_allow": {"pass"},
-	"denylist": {"drop"}, "port_drop": {"drop"}, "ratelimit": {"drop"}, "budget": {"drop"}, "syn_defence": {"drop"},
-	"fragment": {"pass", "drop"}, "malformed": {"pass", "drop"},
+	// Monitor mode passes every drop but the SYN defence's, which stands
+	// down then.
+	"denylist": {"drop", "monitored"}, "port_drop": {"drop", "monitored"},
+	"ratelimit": {"drop", "monitored"}, "budget": {"drop", "monitored"}, "syn_defence": {"drop"},
+	"fragment": {"pass", "drop", "monitored"}, "malformed": {"pass", "drop", "monitored"},
 	"syn_cookie": {"tx"},
 }
 
@@ -325,7 +355,7 @@ func (c *Collector) collectInterfaces(p *pinned, ch chan<- prometheus.Metric) er
 			for _, v := range []struct {
 				verdict string
 				count   shield.Count
-			}{{"pass", rc.Passed}, {"drop", rc.Dropped}, {"tx", rc.Answered}} {
+			}{{"pass", rc.Passed}, {"drop", rc.Dropped}, {"tx", rc.Answered}, {"monitored", rc.Monitored}} {
 				vs, known := reasonVerdicts[reason]
 				if known && !slices.Contains(vs, v.verdict) && v.count == (shield.Count{}) {
 					continue

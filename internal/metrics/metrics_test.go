@@ -365,6 +365,28 @@ func TestScrape(t *testing.T) {
 	t.Run("top entries", func(t *testing.T) { testTopEntries(t, s) })
 	t.Run("top sources", func(t *testing.T) { testTopSources(t, s) })
 	t.Run("lint", func(t *testing.T) { testLint(t, s) })
+	t.Run("monitor mode", func(t *testing.T) { testMonitorMode(t, s) })
+}
+
+// testMonitorMode: moat_monitor_mode follows the policy.
+func testMonitorMode(t *testing.T, s *shield.Shield) {
+	srv := httptest.NewServer(metrics.Handler(metrics.Config{Root: s.Root()}))
+	defer srv.Close()
+	set, err := s.Settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{true, false} {
+		set.Monitor = on
+		if err := s.SetSettings(set); err != nil {
+			t.Fatal(err)
+		}
+		want := 0.0
+		if on {
+			want = 1
+		}
+		series(scrape(t, srv.URL)).eq(t, "moat_monitor_mode", gaugeT, want)
+	}
 }
 
 // testValues checks every metric against what the test sent and what the
@@ -450,6 +472,8 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		{"drop", "denylist"}, {"drop", "port_drop"}, {"drop", "ratelimit"}, {"drop", "budget"}, {"drop", "syn_defence"},
 		{"pass", "fragment"}, {"drop", "fragment"}, {"pass", "malformed"}, {"drop", "malformed"},
 		{"tx", "syn_cookie"},
+		{"monitored", "denylist"}, {"monitored", "port_drop"}, {"monitored", "ratelimit"}, {"monitored", "budget"},
+		{"monitored", "fragment"}, {"monitored", "malformed"},
 	} {
 		possible[k] = true
 	}
@@ -464,7 +488,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		for _, v := range []struct {
 			verdict string
 			count   shield.Count
-		}{{"pass", rc.Passed}, {"drop", rc.Dropped}, {"tx", rc.Answered}} {
+		}{{"pass", rc.Passed}, {"drop", rc.Dropped}, {"tx", rc.Answered}, {"monitored", rc.Monitored}} {
 			if v.count != want[key{v.verdict, reason}] {
 				t.Errorf("data path counted %s/%s %+v, the test sent %+v", v.verdict, reason, v.count, want[key{v.verdict, reason}])
 			}
@@ -499,6 +523,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 	}
 	got.eq(t, "moat_interface_attached", gaugeT, 1, "interface", iface, "mode", "native")
 	got.eq(t, "moat_state_present", gaugeT, 1)
+	got.eq(t, "moat_monitor_mode", gaugeT, 0)
 
 	// Rule hits: per port rule, and the heaviest list entries.
 	got.eq(t, "moat_port_rule_hits_total", counterT, 4, "rule", "udp/53", "action", "drop")

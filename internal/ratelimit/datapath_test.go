@@ -210,28 +210,30 @@ func (f *filter) send(pkt []byte, n int) (passed int) {
 		f.tb.Fatalf("run: %v", err)
 	}
 	after := f.verdicts()
-	if ran := after[0] + after[1] - before[0] - before[1]; ran != uint64(n) {
+	if ran := after[0] + after[1] + after[2] - before[0] - before[1] - before[2]; ran != uint64(n) {
 		f.tb.Fatalf("%d packets counted for %d runs", ran, n)
 	}
 	return int(after[0] - before[0])
 }
 
-// verdicts returns the packets passed and dropped so far, and the drops
-// per reason.
-func (f *filter) verdicts() [2 + int(datapath.MoatVerdictReasonREASON_MAX)]uint64 {
+// verdicts returns the packets passed, dropped and monitored (passed in
+// monitor mode though a rule would drop them) so far, then the drops per
+// reason, then the monitored packets per reason.
+func (f *filter) verdicts() [3 + 2*int(datapath.MoatVerdictReasonREASON_MAX)]uint64 {
 	f.tb.Helper()
-	var out [2 + int(datapath.MoatVerdictReasonREASON_MAX)]uint64
+	const reasons = int(datapath.MoatVerdictReasonREASON_MAX)
+	var out [3 + 2*reasons]uint64
 	m := f.coll.Maps[datapath.MoatMapCounters]
-	for r := uint32(0); r < uint32(datapath.MoatVerdictReasonREASON_MAX); r++ {
-		for drop := uint32(0); drop < 2; drop++ {
+	for r := 0; r < reasons; r++ {
+		for slot, idx := range []int{r * 2, r*2 + 1, 2*reasons + r} {
 			var per []datapath.MoatVerdictCounter
-			if err := m.Lookup(r*2+drop, &per); err != nil {
+			if err := m.Lookup(uint32(idx), &per); err != nil {
 				f.tb.Fatal(err)
 			}
 			for _, c := range per {
-				out[drop] += c.Packets
-				if drop == 1 {
-					out[2+r] += c.Packets
+				out[slot] += c.Packets
+				if slot > 0 {
+					out[3+(slot-1)*reasons+r] += c.Packets
 				}
 			}
 		}
@@ -240,7 +242,11 @@ func (f *filter) verdicts() [2 + int(datapath.MoatVerdictReasonREASON_MAX)]uint6
 }
 
 func (f *filter) dropsFor(reason datapath.MoatVerdictReason) uint64 {
-	return f.verdicts()[2+int(reason)]
+	return f.verdicts()[3+int(reason)]
+}
+
+func (f *filter) monitoredFor(reason datapath.MoatVerdictReason) uint64 {
+	return f.verdicts()[3+int(datapath.MoatVerdictReasonREASON_MAX)+int(reason)]
 }
 
 func udp4(src netip.Addr, dport uint16) []byte {
@@ -438,6 +444,40 @@ func TestLimits(t *testing.T) {
 		}()
 		if got := f.send(udp4(src4, 53), 100); got != 100 {
 			t.Errorf("allowlisted: %d of 100 passed", got)
+		}
+	})
+
+	t.Run("monitor mode: a source over its limit passes, counted, and is still auto-blocked", func(t *testing.T) {
+		f.reset(defaults)
+		settings := f.coll.Maps[datapath.MoatMapSettings]
+		var set datapath.MoatRuntimeSettings
+		if err := settings.Lookup(uint32(0), &set); err != nil {
+			t.Fatal(err)
+		}
+		set.Monitor = 1
+		if err := settings.Put(uint32(0), set); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			set.Monitor = 0
+			settings.Put(uint32(0), set)
+		}()
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 100, BurstPackets: 4, Block: ratelimit.Duration(time.Minute)})
+		if got := f.send(udp4(src4, 53), 100); got != 4 {
+			t.Fatalf("%d passed by judgement, want the burst of 4", got)
+		}
+		if d := f.verdicts()[1]; d != 0 {
+			t.Errorf("%d packets dropped in monitor mode", d)
+		}
+		if m := f.monitoredFor(datapath.MoatVerdictReasonREASON_RATELIMIT); m != 1 {
+			t.Errorf("rate limit monitored %d, want 1 (then the denylist)", m)
+		}
+		if m := f.monitoredFor(datapath.MoatVerdictReasonREASON_DENYLIST); m != 95 {
+			t.Errorf("denylist monitored %d, want 95", m)
+		}
+		var v datapath.MoatPrefixRule
+		if err := f.coll.Maps[datapath.MoatMapDenyV4Hosts].Lookup(datapath.MoatHostV4{Addr: src4.As4()}, &v); err != nil {
+			t.Fatalf("no auto-block entry for %v: %v", src4, err)
 		}
 	})
 

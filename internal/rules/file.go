@@ -60,6 +60,9 @@ type PortEntry struct {
 type Settings struct {
 	Fragments string `json:"fragments"` // "pass" or "drop": non-first fragments
 	Malformed string `json:"malformed"` // "drop" or "pass"
+	// Monitor: every verdict that would drop passes and is counted as
+	// monitored, and the SYN defence stands down (a trial of the rules).
+	Monitor bool `json:"monitor"`
 }
 
 // Validate checks a settings block.

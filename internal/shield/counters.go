@@ -43,15 +43,19 @@ type Counters struct {
 	// Answered counts SYNs answered in XDP with a SYN cookie (XDP_TX): the
 	// SYN-ACK leaves where the SYN came in, nothing reaches the stack.
 	Answered Count `json:"answered"`
+	// Monitored counts packets that a rule, limit or policy would have
+	// dropped and that passed because moat is in monitor mode.
+	Monitored Count `json:"monitored"`
 	// ByReason holds the counts per reason, split by verdict.
 	ByReason map[string]ReasonCount `json:"by_reason"`
 }
 
 // ReasonCount is one reason's counts.
 type ReasonCount struct {
-	Passed   Count `json:"passed"`
-	Dropped  Count `json:"dropped"`
-	Answered Count `json:"answered,omitempty"`
+	Passed    Count `json:"passed"`
+	Dropped   Count `json:"dropped"`
+	Answered  Count `json:"answered,omitempty"`
+	Monitored Count `json:"monitored,omitempty"`
 }
 
 // Counters reads one interface's counters.
@@ -64,14 +68,30 @@ func (s *Shield) Counters(iface string) (Counters, error) {
 	return ReadCounters(m)
 }
 
+// monitoredSlot is the counters map's index for the drops of reason that
+// monitor mode passed (bpf/include/moat_maps.h).
+func monitoredSlot(reason Reason) uint32 {
+	return uint32(datapath.MoatVerdictReasonREASON_MAX)*2 + uint32(reason)
+}
+
 // ReadCounters sums a counters map over CPUs.
 func ReadCounters(m *ebpf.Map) (Counters, error) {
 	out := Counters{ByReason: map[string]ReasonCount{}}
+	// A map from before monitor mode (an interface not attached again
+	// since) has no monitored slots.
+	slots := uint32(2)
+	if m.MaxEntries() >= monitoredSlot(datapath.MoatVerdictReasonREASON_MAX) {
+		slots = 3
+	}
 	for reason, name := range ReasonNames {
 		var rc ReasonCount
-		for drop := uint32(0); drop < 2; drop++ {
+		for slot := uint32(0); slot < slots; slot++ {
+			idx := uint32(reason)*2 + slot
+			if slot == 2 {
+				idx = monitoredSlot(reason)
+			}
 			var perCPU []datapath.MoatVerdictCounter
-			if err := m.Lookup(uint32(reason)*2+drop, &perCPU); err != nil {
+			if err := m.Lookup(idx, &perCPU); err != nil {
 				return out, fmt.Errorf("read counters: %w", err)
 			}
 			var c Count
@@ -79,7 +99,10 @@ func ReadCounters(m *ebpf.Map) (Counters, error) {
 				c.add(Count{v.Packets, v.Bytes})
 			}
 			switch {
-			case drop == 1:
+			case slot == 2:
+				rc.Monitored = c
+				out.Monitored.add(c)
+			case slot == 1:
 				rc.Dropped = c
 				out.Dropped.add(c)
 			case reason == datapath.MoatVerdictReasonREASON_SYN_COOKIE:

@@ -173,7 +173,8 @@ func (s *Shield) writePorts(spec rules.PortSpec, v datapath.MoatPortRule) error 
 	return nil
 }
 
-// Settings reads the fragment and malformed-packet policies.
+// Settings reads the fragment and malformed-packet policies and whether
+// verdicts are only monitored.
 func (s *Shield) Settings() (rules.Settings, error) {
 	var v datapath.MoatRuntimeSettings
 	if err := s.maps[datapath.MoatMapSettings].Lookup(uint32(0), &v); err != nil {
@@ -186,12 +187,14 @@ func (s *Shield) Settings() (rules.Settings, error) {
 	if v.Malformed == uint32(datapath.MoatMalformedPolicyMALFORMED_PASS) {
 		out.Malformed = "pass"
 	}
+	out.Monitor = v.Monitor != 0
 	return out, nil
 }
 
 func defaultSettings() rules.Settings { return rules.Settings{Fragments: "pass", Malformed: "drop"} }
 
-// SetSettings changes the policies in one element write.
+// SetSettings changes the policies and the monitor mode in one element
+// write.
 func (s *Shield) SetSettings(set rules.Settings) error {
 	if err := set.Validate(); err != nil {
 		return &UserError{err}
@@ -214,6 +217,9 @@ func (s *Shield) writeSettings(set rules.Settings) error {
 	}
 	if set.Malformed == "pass" {
 		v.Malformed = uint32(datapath.MoatMalformedPolicyMALFORMED_PASS)
+	}
+	if set.Monitor {
+		v.Monitor = 1
 	}
 	return s.maps[datapath.MoatMapSettings].Update(uint32(0), v, ebpf.UpdateAny)
 }

@@ -260,6 +260,7 @@ func (s *Shield) openMaps() error {
 // what still means the same.
 var resizable = map[string]func(s *Shield, old, cur *ebpf.Map) error{
 	datapath.MoatMapSynCounters: carrySynCounters,
+	datapath.MoatMapSettings:    carrySettings,
 }
 
 // replaceMap creates name anew, lets migrate fill it from old, and pins it
@@ -322,6 +323,22 @@ func carrySynCounters(s *Shield, old, cur *ebpf.Map) error {
 		}
 	}
 	return nil
+}
+
+// carrySettings copies the policies of a moat that pinned fewer of them:
+// the fields it had lead struct runtime_settings in every version, and a
+// field it lacked starts at zero, its default (monitor mode off).
+func carrySettings(s *Shield, old, cur *ebpf.Map) error {
+	if old.ValueSize() > cur.ValueSize() {
+		return fmt.Errorf("values of %d bytes hold more policies than this version knows (%d bytes)", old.ValueSize(), cur.ValueSize())
+	}
+	var in []byte
+	if err := old.Lookup(uint32(0), &in); err != nil {
+		return err
+	}
+	out := make([]byte, cur.ValueSize())
+	copy(out, in)
+	return cur.Update(uint32(0), out, ebpf.UpdateAny)
 }
 
 // addMap creates one shared map and pins it at path.

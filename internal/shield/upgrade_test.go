@@ -503,3 +503,90 @@ func TestFiltersDrawTheirOwnHeavyHitterSeed(t *testing.T) {
 		t.Errorf("seeds of two filters: %#x and %#x, want two different random values", a, b)
 	}
 }
+
+// TestOpenCarriesOlderSettings: an older moat pinned settings without the
+// monitor field (12-byte values). Open replaces the map with one of this
+// version's shape and carries the policies and the allowlist's in-use bits
+// over; monitor mode starts off.
+func TestOpenCarriesOlderSettings(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 12, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	var v [12]byte
+	binary.NativeEndian.PutUint32(v[0:], uint32(datapath.MoatFragmentPolicyFRAGMENTS_DROP))
+	binary.NativeEndian.PutUint32(v[4:], uint32(datapath.MoatMalformedPolicyMALFORMED_PASS))
+	binary.NativeEndian.PutUint32(v[8:], uint32(datapath.MoatAllowInUseALLOW_IN_USE_V6))
+	if err := older.Put(uint32(0), v[:]); err != nil {
+		t.Fatal(err)
+	}
+	pinInstead(t, root, datapath.MoatMapSettings, older)
+	s.Close()
+
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatalf("open over 12-byte settings: %v", err)
+	}
+	defer s.Close()
+	set, err := s.Settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (rules.Settings{Fragments: "drop", Malformed: "pass"}); set != want {
+		t.Errorf("settings %+v, want %+v", set, want)
+	}
+	var cur datapath.MoatRuntimeSettings
+	if err := s.Map(datapath.MoatMapSettings).Lookup(uint32(0), &cur); err != nil {
+		t.Fatalf("read the new settings map: %v", err)
+	}
+	if cur.AllowInUse != uint32(datapath.MoatAllowInUseALLOW_IN_USE_V6) || cur.Monitor != 0 {
+		t.Errorf("settings %+v: want the allowlist's v6 bit kept and monitor off", cur)
+	}
+	if err := s.SetSettings(rules.Settings{Fragments: "drop", Malformed: "pass", Monitor: true}); err != nil {
+		t.Fatal(err)
+	}
+	if set, err := s.Settings(); err != nil || !set.Monitor {
+		t.Errorf("settings %+v, %v after turning monitor mode on", set, err)
+	}
+}
+
+// TestCountersOfAnOlderLayout: an interface not attached again since an
+// older moat made its counters (two slots per reason, none for monitored
+// packets) still has them read; the monitored counts are zero.
+func TestCountersOfAnOlderLayout(t *testing.T) {
+	s := openFresh(t)
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	reasons := uint32(datapath.MoatVerdictReasonREASON_MAX)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16, MaxEntries: reasons * 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := make([]datapath.MoatVerdictCounter, ncpu)
+	per[0] = datapath.MoatVerdictCounter{Packets: 7, Bytes: 700}
+	if err := old.Put(uint32(datapath.MoatVerdictReasonREASON_DENYLIST)*2+1, per); err != nil {
+		t.Fatal(err)
+	}
+	pin := filepath.Join(s.Root(), "ifaces", a, "counters")
+	os.Remove(pin)
+	if err := old.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Counters(a)
+	if err != nil {
+		t.Fatalf("read counters of the older layout: %v", err)
+	}
+	if c.Dropped.Packets != 7 || c.ByReason["denylist"].Dropped.Bytes != 700 || c.Monitored != (shield.Count{}) {
+		t.Errorf("counters %+v: want 7 denylist drops of 700 bytes, nothing monitored", c)
+	}
+}

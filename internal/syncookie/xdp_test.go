@@ -670,6 +670,41 @@ func TestStraySynAcks(t *testing.T) {
 	}
 }
 
+// TestMonitorModeStandsDown: in monitor mode the SYN defence neither
+// answers nor drops: a SYN to an always-mode port, a spoofed ACK and a
+// stray SYN-ACK reach the kernel unchanged, and the port counts nothing;
+// with monitor mode off again the same SYN gets its cookie.
+func TestMonitorModeStandsDown(t *testing.T) {
+	objs := setup(t)
+	setMonitor := func(on bool) {
+		t.Helper()
+		var s datapath.MoatRuntimeSettings
+		if on {
+			s.Monitor = 1
+		}
+		if err := objs.Settings.Put(uint32(0), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syn := synFrame(nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(1460)}})
+	setMonitor(true)
+	checkVerdicts(t, objs.MoatFilter, []verdictCase{
+		{"syn", syn, 2},
+		{"ipv6 syn", synFrame(nil, client6, server6, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(1440)}}), 2},
+		{"spoofed ack", ackFrame(client4, server4, protectedPort, clientISN+1, 0xdeadbeef, false), 2},
+		{"stray syn+ack", synFrame(nil, client4, server4, testpkt.TCP{ACK: true, Ack: 12345}), 2},
+	})
+	if st := portStatus(t, objs, protectedPort); st.SYNs != 0 || st.CookiesIssued != 0 || st.ACKsDropped != 0 {
+		t.Errorf("status %+v in monitor mode: want nothing counted", st)
+	}
+	setMonitor(false)
+	withListener(t, func() {
+		if ret, _ := run(t, objs.MoatFilter, syn); ret != 3 {
+			t.Errorf("verdict %d with monitor mode off, want XDP_TX", ret)
+		}
+	})
+}
+
 // TestCounterSlots checks how protected ports share the counters array:
 // each gets a slot of its own, cleared when handed out, reused once the
 // port is unprotected, and a port past the last slot is refused without
