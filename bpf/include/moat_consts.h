@@ -11,11 +11,6 @@
 #ifndef MAX_IPV6_EXT_HDRS
 #define MAX_IPV6_EXT_HDRS 8
 #endif
-/* How many expired prefixes a lookup may step over before it gives up and
- * treats the last one as still in force (fail closed). */
-#ifndef MAX_EXPIRED_SHADOW
-#define MAX_EXPIRED_SHADOW 4
-#endif
 
 /* Map sizes. */
 #ifndef MAX_DENY_HOSTS

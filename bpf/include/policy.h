@@ -11,18 +11,69 @@ static __always_inline int rule_live(const struct prefix_rule *r)
 	return r->expires_ns == 0 || bpf_ktime_get_boot_ns() < r->expires_ns;
 }
 
+/* The tries match_prefix walks, named for the walk's step. */
+enum prefix_trie {
+	TRIE_ALLOW_V4,
+	TRIE_ALLOW_V6,
+	TRIE_DENY_V4,
+	TRIE_DENY_V6,
+};
+
+/* A walk below expired trie entries (match_prefix). key is the next
+ * question: the source address, and a length below the last expired
+ * entry's (an IPv4 trie reads its first 8 bytes, which have the layout of
+ * its own key). found is 1 + the length of the live entry that ended the
+ * walk, or 0 if none covers the address. */
+struct prefix_walk {
+	struct net_v6 key;
+	__u32 trie; /* enum prefix_trie */
+	__u32 found;
+};
+
+static long prefix_walk_step(__u64 i, struct prefix_walk *w)
+{
+	struct prefix_rule *r;
+
+	switch (w->trie) {
+	case TRIE_ALLOW_V4:
+		r = bpf_map_lookup_elem(&allow_v4_nets, &w->key);
+		break;
+	case TRIE_ALLOW_V6:
+		r = bpf_map_lookup_elem(&allow_v6_nets, &w->key);
+		break;
+	case TRIE_DENY_V4:
+		r = bpf_map_lookup_elem(&deny_v4_nets, &w->key);
+		break;
+	default:
+		r = bpf_map_lookup_elem(&deny_v6_nets, &w->key);
+		break;
+	}
+	if (!r)
+		return 1;
+	if (rule_live(r)) {
+		w->found = r->prefixlen + 1;
+		return 1;
+	}
+	/* An expired /0 has nothing shorter behind it; a longer entry than
+	 * asked for cannot come back from a trie. */
+	if (r->prefixlen == 0 || r->prefixlen > w->key.prefixlen)
+		return 1;
+	w->key.prefixlen = r->prefixlen - 1;
+	return 0;
+}
+
 /* Finds the rule in force for addr: the exact host first, then the longest
  * live prefix. An expired prefix must not shadow a shorter live one that
- * covers it, so the trie is asked again below the expired entry's length.
- * After MAX_EXPIRED_SHADOW expired entries in a row the last one is taken
- * as in force when fail_closed is set (deny lists), as absent otherwise
- * (allow lists); the control plane reaps expired entries long before. */
+ * covers it, so the trie is asked again below each expired entry's length,
+ * down to a live entry or none. Each question is shorter than the last, so
+ * 129 questions end any walk; bpf_loop keeps the verifier's work to one
+ * pass over the step, and the common case (no entry, or a live one first)
+ * never enters it. */
 static __always_inline struct prefix_rule *
-match_prefix(void *hosts, void *nets, const __u8 *addr, int family, int fail_closed, int no_host)
+match_prefix(void *hosts, void *nets, const __u8 *addr, int family, enum prefix_trie trie, int no_host)
 {
-	struct net_v6 key = {};
+	struct prefix_walk w = {};
 	struct prefix_rule *r;
-	int i;
 
 	/* no_host: the host summary says addr has no host entry. */
 	if (!no_host) {
@@ -31,32 +82,32 @@ match_prefix(void *hosts, void *nets, const __u8 *addr, int family, int fail_clo
 			return r;
 	}
 
-	key.prefixlen = family == 4 ? 32 : 128;
-	__builtin_memcpy(key.addr, addr, 16);
-	for (i = 0; i < MAX_EXPIRED_SHADOW; i++) {
-		r = bpf_map_lookup_elem(nets, &key);
-		if (!r)
-			return NULL;
-		if (rule_live(r))
-			return r;
-		/* An expired /0 has nothing shorter behind it: no rule is in
-		 * force, and failing closed here would deny everything. */
-		if (r->prefixlen == 0)
-			return NULL;
-		if (r->prefixlen > key.prefixlen)
-			return fail_closed ? r : NULL;
-		key.prefixlen = r->prefixlen - 1;
-	}
-	return fail_closed ? r : NULL;
+	w.key.prefixlen = family == 4 ? 32 : 128;
+	__builtin_memcpy(w.key.addr, addr, 16);
+	r = bpf_map_lookup_elem(nets, &w.key);
+	if (!r || rule_live(r))
+		return r;
+	if (r->prefixlen == 0 || r->prefixlen > w.key.prefixlen)
+		return NULL;
+	w.key.prefixlen = r->prefixlen - 1;
+	w.trie = trie;
+	bpf_loop(129, prefix_walk_step, &w, 0);
+	if (!w.found)
+		return NULL;
+	/* The live entry the walk found, for its hits and verdict. Should it
+	 * have expired or gone in between, nothing is in force. */
+	w.key.prefixlen = w.found - 1;
+	r = bpf_map_lookup_elem(nets, &w.key);
+	return r && rule_live(r) ? r : NULL;
 }
 
 static __always_inline struct prefix_rule *match_allow(const struct packet *p, __u32 in_use)
 {
 	if (p->family == 4)
 		return in_use & ALLOW_IN_USE_V4 ?
-			match_prefix(&allow_v4_hosts, &allow_v4_nets, p->saddr, 4, 0, 0) : NULL;
+			match_prefix(&allow_v4_hosts, &allow_v4_nets, p->saddr, 4, TRIE_ALLOW_V4, 0) : NULL;
 	return in_use & ALLOW_IN_USE_V6 ?
-		match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, 0, 0) : NULL;
+		match_prefix(&allow_v6_hosts, &allow_v6_nets, p->saddr, 6, TRIE_ALLOW_V6, 0) : NULL;
 }
 
 /* The summary word and bit of an address (enum deny_summary_geometry) in
@@ -141,8 +192,8 @@ static __always_inline struct prefix_rule *match_deny(const struct packet *p)
 		return NULL;
 	no_host = deny_hosts_absent(p, st);
 	if (p->family == 4)
-		return match_prefix(&deny_v4_hosts, &deny_v4_nets, p->saddr, 4, 1, no_host);
-	return match_prefix(&deny_v6_hosts, &deny_v6_nets, p->saddr, 6, 1, no_host);
+		return match_prefix(&deny_v4_hosts, &deny_v4_nets, p->saddr, 4, TRIE_DENY_V4, no_host);
+	return match_prefix(&deny_v6_hosts, &deny_v6_nets, p->saddr, 6, TRIE_DENY_V6, no_host);
 }
 
 static __always_inline int port_class(const struct packet *p)

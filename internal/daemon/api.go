@@ -302,8 +302,9 @@ func addIfAny(s *shield.Shield, l shield.List, entries []shield.Entry, how shiel
 	return s.Add(l, entries, how)
 }
 
-// RemovePrefixes deletes entries added at run time. Entries of the config
-// are refused: they would come back at the next reload.
+// RemovePrefixes deletes entries added at run time, and the rate limits'
+// auto-blocks. Entries of the config are refused: they would come back at
+// the next reload.
 func (d *Daemon) RemovePrefixes(req PrefixRequest) (int, error) {
 	l, err := parseList(req.List)
 	if err != nil {
@@ -328,9 +329,12 @@ func (d *Daemon) RemovePrefixes(req PrefixRequest) (int, error) {
 			if _, ok := byPrefix[p]; ok {
 				continue
 			}
-			if has, err := s.Has(l, p); err != nil {
+			if e, has, err := s.Stored(l, p); err != nil {
 				return err
 			} else if has {
+				if e.Auto && !d.inConfig(l, p) {
+					continue // a limit's auto-block: it is the operator's to lift
+				}
 				if _, f, ok := d.feeds.lookup(l, p); ok && !d.inConfig(l, p) {
 					return userErrorf("%s comes from the feed %s: remove it where the feed is published", p, f.Src.URL)
 				}
@@ -351,7 +355,9 @@ func (d *Daemon) RemovePrefixes(req PrefixRequest) (int, error) {
 			*dyn = saved
 			back := make([]shield.Entry, 0, len(prefixes))
 			for _, p := range prefixes {
-				back = append(back, shield.EntryOf(byPrefix[p]))
+				if e, ok := byPrefix[p]; ok { // an auto-block lifted stays lifted
+					back = append(back, shield.EntryOf(e))
+				}
 			}
 			if rerr := s.Add(l, back, shield.Upsert); rerr != nil {
 				d.log.Error("undo an unsaved change", "err", rerr)

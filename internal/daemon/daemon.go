@@ -39,6 +39,7 @@ import (
 	"github.com/moat-shield/moat/internal/config"
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/feed"
+	"github.com/moat-shield/moat/internal/ratelimit"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/state"
 	"github.com/moat-shield/moat/internal/syncookie"
@@ -112,6 +113,15 @@ type Daemon struct {
 	// rules as they were applied, not with rule files as they are on
 	// disk now (half written, or edited without a reload).
 	cfgSet *config.Set
+
+	// The rate limits' auto-blocks, as Expire last saw them: the
+	// blocks the limits had counted then, whether that scan ran, and
+	// when the first auto-block it left expires (zero: none). A scan
+	// reads the whole denylist, so Expire scans only when a limit has
+	// blocked since, or an auto-block left is due.
+	autoBlocks     uint64
+	autoScanned    bool
+	autoNextExpiry time.Time
 }
 
 // Run runs the daemon until ctx is cancelled. SIGHUP reloads the config.
@@ -408,6 +418,10 @@ func (d *Daemon) Expire() (ExpireResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
+	auto, err := d.expireAutoBlocks(now)
+	if err != nil {
+		return ExpireResult{}, err
+	}
 	var due [2][]netip.Prefix
 	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
 		for _, e := range *d.dynamicList(l) {
@@ -417,15 +431,17 @@ func (d *Daemon) Expire() (ExpireResult, error) {
 		}
 	}
 	if len(due[0])+len(due[1]) == 0 {
-		return ExpireResult{}, nil
+		return ExpireResult{Removed: auto}, nil
 	}
-	err := d.withShield(func(s *shield.Shield) error {
+	err = d.withShield(func(s *shield.Shield) error {
 		for l, prefixes := range due {
 			var present []netip.Prefix
 			for _, p := range prefixes {
-				if ok, err := s.Has(shield.List(l), p); err != nil {
+				// An auto-block written since the rule expired is the
+				// limit's now, with its own expiry: it stays.
+				if e, ok, err := s.Stored(shield.List(l), p); err != nil {
 					return err
-				} else if ok {
+				} else if ok && !e.Auto {
 					present = append(present, p)
 				}
 			}
@@ -444,7 +460,50 @@ func (d *Daemon) Expire() (ExpireResult, error) {
 		d.log.Error("save state", "err", err)
 	}
 	d.log.Info("expired timed rules", "count", n)
-	return ExpireResult{Removed: n}, nil
+	return ExpireResult{Removed: n + auto}, nil
+}
+
+// expireAutoBlocks deletes the auto-blocks whose time has passed: the data
+// path writes them and no rule of the daemon's holds them. It reads the
+// denylist only when a limit has blocked since its last scan, or an
+// auto-block that scan left has come due. Called with d.mu held.
+func (d *Daemon) expireAutoBlocks(now time.Time) (int, error) {
+	var blocks uint64
+	err := d.withShield(func(s *shield.Shield) error {
+		m, err := ratelimit.NewMaps(s.Map)
+		if err != nil {
+			return nil // pins of a moat without rate limits: no auto-blocks
+		}
+		ls, err := m.Limits()
+		for _, l := range ls {
+			blocks += l.Stats.Blocks
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	due := !d.autoNextExpiry.IsZero() && !d.autoNextExpiry.After(now)
+	if d.autoScanned && blocks == d.autoBlocks && !due {
+		return 0, nil
+	}
+	var removed int
+	var next time.Duration
+	err = d.withShield(func(s *shield.Shield) (err error) {
+		removed, next, err = s.ExpireAutoBlocks()
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	d.autoBlocks, d.autoScanned, d.autoNextExpiry = blocks, true, time.Time{}
+	if next > 0 {
+		d.autoNextExpiry = now.Add(next)
+	}
+	if removed > 0 {
+		d.log.Info("expired auto-blocks", "count", removed)
+	}
+	return removed, nil
 }
 
 // ExpireResult is what Expire removed.

@@ -1452,3 +1452,60 @@ func TestExpireThroughDaemon(t *testing.T) {
 		t.Errorf("a second expire said %q", r.stdout)
 	}
 }
+
+// TestAutoBlocksUnderTheDaemon: a limit's auto-block can be lifted with
+// moat unblock, leaves the denylist once its time has passed (moat expire,
+// or the daemon's timer), and outlives the expiry of a run-time rule it
+// was written over.
+func TestAutoBlocksUnderTheDaemon(t *testing.T) {
+	e := newEnv(t)
+	e.expireEvery = "1h" // only the command expires here
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nlimits:\n  - {kind: source, scope: udp, pps: 1, burst_packets: 3, block: 2s}\nlimit_settings:\n  gate: none\n", e.clientIf()))
+	e.start()
+	sink := e.listenUDP()
+	client := e.lab.Client.Ifaces[0].IPv4.Addr().String()
+	blocked := func() bool {
+		for _, r := range e.rulesNow() {
+			if strings.HasPrefix(r, "deny "+client+"/32 auto-block") {
+				return true
+			}
+		}
+		return false
+	}
+	block := func() {
+		t.Helper()
+		for range 8 {
+			e.sendFromClient(sink, 20*time.Millisecond)
+		}
+		if !blocked() {
+			t.Fatalf("no auto-block of %s after 8 datagrams over 1 pps; rules %q", client, e.rulesNow())
+		}
+	}
+
+	block()
+	if r := e.moat("unblock", client); r.code != 0 {
+		t.Fatalf("moat unblock of an auto-block: %+v", r)
+	}
+	if blocked() {
+		t.Fatalf("the auto-block is still listed after moat unblock: %q", e.rulesNow())
+	}
+
+	block()
+	time.Sleep(2200 * time.Millisecond)
+	if r := e.mustMoat("expire"); !strings.Contains(r.stdout, "removed 1 expired entries") {
+		t.Fatalf("moat expire after the auto-block's time said %q", r.stdout)
+	}
+	if blocked() {
+		t.Fatalf("the expired auto-block is still listed: %q", e.rulesNow())
+	}
+
+	// A run-time rule that expires, then an auto-block over the same
+	// address: expiring the rule leaves the auto-block.
+	e.mustMoat("block", client, "--ttl", "1s")
+	time.Sleep(1200 * time.Millisecond)
+	block()
+	e.mustMoat("expire")
+	if !blocked() {
+		t.Fatalf("expiring the run-time rule took the auto-block written over it: %q", e.rulesNow())
+	}
+}

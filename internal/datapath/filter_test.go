@@ -389,16 +389,24 @@ func prefixCases() []filterCase {
 		{name: "expired allow /24 over live allow /16", pkt: tcp4(80), verdict: xdpPass, reason: rAllow,
 			setup: both(expired(a, "10.1.2.0/24"), func(f *fixture) { f.allow("10.1.0.0/16"); f.deny("10.0.0.0/8") }),
 			hits:  []hit{{a, "10.1.2.0/24", false, 0}, {a, "10.1.0.0/16", false, 1}}},
-		// MAX_EXPIRED_SHADOW (4) expired entries in a row end the walk:
-		// deny lists fail closed on the last, allow lists fail open.
+		// However many expired entries lie in a row, the walk goes on
+		// below them to a live entry or none.
 		{name: "three expired deny prefixes fall through", pkt: tcp4(80), verdict: xdpPass, reason: rPass,
 			setup: expiredChain(d, "10.1.2.0/24", "10.1.0.0/20", "10.1.0.0/16")},
-		{name: "four expired deny prefixes fail closed", pkt: tcp4(80), verdict: xdpDrop, reason: rDeny,
+		{name: "four expired deny prefixes fall through", pkt: tcp4(80), verdict: xdpPass, reason: rPass,
 			setup: expiredChain(d, "10.1.2.0/28", "10.1.2.0/24", "10.1.0.0/20", "10.1.0.0/16"),
-			hits:  []hit{{d, "10.1.0.0/16", false, 1}}},
-		{name: "four expired allow prefixes fail open", pkt: tcp4(80), verdict: xdpDrop, reason: rDeny,
+			hits:  []hit{{d, "10.1.0.0/16", false, 0}}},
+		{name: "every length expired, deny /0 live", pkt: tcp4(80), verdict: xdpDrop, reason: rDeny,
+			setup: both(expiredLengths(d, "10.1.2.3", 1, 32), func(f *fixture) { f.deny("0.0.0.0/0") }),
+			hits:  []hit{{d, "0.0.0.0/0", false, 1}, {d, "10.1.2.3/32", true, 0}}},
+		{name: "every v6 length expired, deny /0 live", pkt: tcp6(80), verdict: xdpDrop, reason: rDeny,
+			setup: both(expiredLengths(d, "2001:db8:1:2::3", 1, 128), func(f *fixture) { f.deny("::/0") }),
+			hits:  []hit{{d, "::/0", false, 1}}},
+		{name: "every v6 length expired, nothing live", pkt: tcp6(80), verdict: xdpPass, reason: rPass,
+			setup: expiredLengths(d, "2001:db8:1:2::3", 0, 128)},
+		{name: "four expired allow prefixes over live allow /8", pkt: tcp4(80), verdict: xdpPass, reason: rAllow,
 			setup: both(expiredChain(a, "10.1.2.0/28", "10.1.2.0/24", "10.1.0.0/20", "10.1.0.0/16"), func(f *fixture) { f.allow("10.0.0.0/8"); f.deny("10.0.0.0/8") }),
-			hits:  []hit{{a, "10.0.0.0/8", false, 0}, {a, "10.1.0.0/16", false, 0}, {d, "10.0.0.0/8", false, 1}}},
+			hits:  []hit{{a, "10.0.0.0/8", false, 1}, {a, "10.1.0.0/16", false, 0}, {d, "10.0.0.0/8", false, 0}}},
 		{name: "three expired allow prefixes over live allow", pkt: tcp4(80), verdict: xdpPass, reason: rAllow,
 			setup: both(expiredChain(a, "10.1.2.0/24", "10.1.0.0/20", "10.1.0.0/16"), func(f *fixture) { f.allow("10.0.0.0/8"); f.deny("10.0.0.0/8") }),
 			hits:  []hit{{a, "10.0.0.0/8", false, 1}}},
@@ -466,6 +474,17 @@ func summaryCases() []filterCase {
 			setup: func(f *fixture) { f.deny("2001:d00::/24") }, hits: []hit{{d, "2001:d00::/24", false, 1}}},
 		{name: "summary: v6 /8 marks every v6 bit", pkt: tcp6(80), verdict: xdpDrop, reason: rDeny,
 			setup: func(f *fixture) { f.deny("2000::/8") }},
+	}
+}
+
+// expiredLengths puts an expired entry of every length from..to that
+// covers addr in list l's trie.
+func expiredLengths(l list, addr string, from, to int) func(*fixture) {
+	return func(f *fixture) {
+		a := netip.MustParseAddr(addr)
+		for n := from; n <= to; n++ {
+			f.addNet(l, netip.PrefixFrom(a, n).Masked(), f.expiresIn(-time.Second))
+		}
 	}
 }
 

@@ -997,6 +997,59 @@ func countAll[K any](m *ebpf.Map, n *int) error {
 	return readAll(m, func(*K, *datapath.MoatPrefixRule) { *n++ })
 }
 
+// Stored returns the entry list l holds for exactly p, without its
+// comment, and whether there is one.
+func (s *Shield) Stored(l List, p netip.Prefix) (Entry, bool, error) {
+	v, ok, err := s.lookup(l, p)
+	if !ok || err != nil {
+		return Entry{}, ok, err
+	}
+	return Entry{Prefix: p, Hits: v.Hits, Expires: wallDeadline(v.ExpiresNs, time.Now(), bootNow()),
+		Auto: v.Flags&2 != 0, expiresNs: v.ExpiresNs}, true, nil // RULE_F_AUTO
+}
+
+// ExpireAutoBlocks deletes the rate limits' auto-blocks (denylist entries
+// the data path wrote) whose time has passed, and says how many it
+// deleted and how long until the next of those left expires (0: none
+// left). Other entries are left to whoever wrote them: a daemon removes an
+// expired rule of its own with the rule. An entry written again between
+// the read and the delete (a new auto-block for the same source) stays.
+func (s *Shield) ExpireAutoBlocks() (removed int, next time.Duration, err error) {
+	rs, err := s.readList(DenyList)
+	if err != nil {
+		return 0, 0, err
+	}
+	now := bootNow()
+	var stale []netip.Prefix
+	var nextNs uint64
+	for _, r := range rs {
+		switch {
+		case r.rule.Flags&2 == 0 || r.rule.ExpiresNs == 0:
+		case expired(r.rule.ExpiresNs, now):
+			stale = append(stale, r.prefix)
+		case nextNs == 0 || r.rule.ExpiresNs < nextNs:
+			nextNs = r.rule.ExpiresNs
+		}
+	}
+	due := stale[:0]
+	for _, p := range stale {
+		v, ok, err := s.lookup(DenyList, p)
+		if err != nil {
+			return 0, 0, err
+		}
+		if ok && v.Flags&2 != 0 && expired(v.ExpiresNs, bootNow()) {
+			due = append(due, p)
+		}
+	}
+	if err := s.deletePrefixes(DenyList, due); err != nil {
+		return 0, 0, err
+	}
+	if nextNs != 0 {
+		next = max(time.Duration(nextNs-now), 1)
+	}
+	return len(due), next, nil
+}
+
 // ExpireStale deletes entries whose time has passed. The data path already
 // ignores them; this gives their memory back and keeps listings honest.
 func (s *Shield) ExpireStale() (int, error) {
