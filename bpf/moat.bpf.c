@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
-/* The moat XDP filter. Policy, in order: allowlist, denylist, rate limits
- * and flood budgets, fragment and malformed policy, protocol/port rules,
- * pass. */
+/* The moat XDP filter. Policy, in order: allowlist, denylist, port drop
+ * rules, rate limits and flood budgets, fragment and malformed policy, SYN
+ * defence, port allow rules, pass. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
@@ -106,9 +106,22 @@ int moat_filter(struct xdp_md *ctx)
 		return verdict(ctx, cfg, REASON_DENYLIST, XDP_DROP);
 	}
 
+	/* Port rules judge whole packets with their L4 header: not malformed
+	 * ones (passed by policy) nor non-first fragments. A drop rule decides
+	 * before the rate limits: a packet dropped anyway must not spend a
+	 * budget that other traffic shares, nor count against its source. */
+	prule = NULL;
+	if (ret != PARSE_MALFORMED && !pkt.fragment) {
+		prule = match_port(&pkt);
+		if (prule && prule->action == ACTION_DROP) {
+			port_hit(prule);
+			return verdict(ctx, cfg, REASON_PORT_DROP, XDP_DROP);
+		}
+	}
+
 	/* Rate limits and flood budgets (ratelimit.h): after the lists, so
 	 * allowlisted sources are never limited and auto-blocked ones stop at
-	 * the denylist; before the fragment, malformed and port verdicts, so
+	 * the denylist; before the fragment and malformed verdicts, so
 	 * fragments and malformed packets count against their source too. */
 	switch (rl_check(ctx, &pkt)) {
 	case RL_DROP_SOURCE:
@@ -123,10 +136,6 @@ int moat_filter(struct xdp_md *ctx)
 		return verdict(ctx, cfg, REASON_FRAGMENT,
 			       cfg->fragments == FRAGMENTS_DROP ? XDP_DROP : XDP_PASS);
 
-	prule = match_port(&pkt);
-	if (prule && prule->action == ACTION_DROP)
-		return verdict(ctx, cfg, REASON_PORT_DROP, XDP_DROP);
-
 	/* SYN flood defence (syncookie.h): answers SYNs with cookies, drops
 	 * ACKs that fit no socket. Per port in syn_counters, per interface
 	 * here. Monitor mode leaves SYNs and ACKs to the kernel: a SYN-ACK
@@ -139,8 +148,10 @@ int moat_filter(struct xdp_md *ctx)
 			return verdict(ctx, cfg, REASON_SYN_DEFENCE, ret);
 	}
 
-	if (prule)
+	if (prule) {
+		port_hit(prule);
 		return verdict(ctx, cfg, REASON_PORT_ALLOW, XDP_PASS);
+	}
 	return verdict(ctx, cfg, REASON_PASS, XDP_PASS);
 }
 

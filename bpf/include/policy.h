@@ -213,11 +213,12 @@ static __always_inline int port_class(const struct packet *p)
 
 /* Returns the port rule that covers the packet's destination port (or ICMP
  * type), counting a hit on it, or NULL. */
+/* The port rule for p's destination port (or ICMP type), if any. Its hit
+ * is counted by port_hit, where it decides. */
 static __always_inline struct port_rule *match_port(const struct packet *p)
 {
 	struct port_rule *rule;
-	__u32 idx, id;
-	__u64 *hits;
+	__u32 idx;
 	int class;
 
 	if (!p->has_l4)
@@ -229,11 +230,17 @@ static __always_inline struct port_rule *match_port(const struct packet *p)
 	rule = bpf_map_lookup_elem(&port_rules, &idx);
 	if (!rule || rule->id == 0 || rule->action == ACTION_NONE)
 		return NULL;
-	id = rule->id;
-	hits = bpf_map_lookup_elem(&port_rule_hits, &id);
+	return rule;
+}
+
+/* Counts a hit of the port rule that decided a packet. */
+static __always_inline void port_hit(const struct port_rule *rule)
+{
+	__u32 id = rule->id;
+	__u64 *hits = bpf_map_lookup_elem(&port_rule_hits, &id);
+
 	if (hits)
 		*hits += 1;
-	return rule;
 }
 
 #endif /* MOAT_POLICY_H */

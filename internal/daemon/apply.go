@@ -78,6 +78,16 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 		}
 	}
 	want := d.desired(set, fs.lists(nil, nil))
+	if len(want.portOverlaps) > 0 {
+		if old != nil {
+			return ch, refused(fmt.Errorf("ports: %s: remove one of them (moat port remove), then reload", want.portOverlaps[0]))
+		}
+		// At start protection comes first: the config's rule applies,
+		// the run-time one waits in the state file.
+		for _, o := range want.portOverlaps {
+			d.log.Warn(o + "; the config's applies, the run-time rule stays in the state file, unapplied")
+		}
+	}
 	plan, err := d.planRules(s, want)
 	if err != nil {
 		return ch, refused(err)
@@ -256,8 +266,14 @@ type wanted struct {
 	// shadowed are dynamic entries that the config now holds too; they
 	// leave the state file once the config is applied.
 	shadowed [2]map[netip.Prefix]bool
-	// shadowedPorts are dynamic port rules that overlap the config's.
+	// shadowedPorts are dynamic port rules whose spec the config holds
+	// too; they leave the state file once the config is applied.
 	shadowedPorts map[rules.PortSpec]bool
+	// portOverlaps names each dynamic port rule that overlaps a rule of
+	// the config's without being the same spec: it is left out of the
+	// maps (the config's applies) but stays in the state file, and a
+	// reload is refused over it.
+	portOverlaps []string
 }
 
 // desired merges the config's rules with the dynamic ones and the feeds'.
@@ -310,16 +326,21 @@ func (d *Daemon) desired(set *config.Set, feeds [2][]rules.PrefixEntry) *wanted 
 	for _, p := range d.st.Ports {
 		clash := false
 		for _, c := range rs.Ports {
-			if c.Spec.Overlaps(p.Spec) {
+			switch {
+			case c.Spec == p.Spec:
 				clash = true
+				w.shadowedPorts[p.Spec] = true
 				if c != p {
-					d.log.Warn("a port rule added at run time overlaps the config's; the config's applies", "runtime", p.Spec, "config", c.Spec)
+					d.log.Warn("a port rule added at run time has the config's spec; the config's applies", "runtime", p.Spec, "config", c.Spec)
 				}
+			case c.Spec.Overlaps(p.Spec):
+				// Part of the run-time rule's ports the config does
+				// not hold: dropping it would lose them for good.
+				clash = true
+				w.portOverlaps = append(w.portOverlaps, fmt.Sprintf("the config's port rule %s (%s) overlaps %s (%s), added at run time", c.Spec, c.Action, p.Spec, p.Action))
 			}
 		}
-		if clash {
-			w.shadowedPorts[p.Spec] = true
-		} else {
+		if !clash {
 			w.ports = append(w.ports, p)
 		}
 	}

@@ -122,6 +122,11 @@ type Daemon struct {
 	autoBlocks     uint64
 	autoScanned    bool
 	autoNextExpiry time.Time
+
+	// periods hears of a reload that changed the timers' periods
+	// (expiry, key rotation, sampling), whichever way it came (SIGHUP or
+	// the API): the main loop resets its tickers.
+	periods chan struct{}
 }
 
 // Run runs the daemon until ctx is cancelled. SIGHUP reloads the config.
@@ -140,7 +145,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	d := &Daemon{opts: opts, cfg: cfg, started: time.Now(), flooding: map[uint16]bool{}, logLevel: new(slog.LevelVar)}
+	d := &Daemon{opts: opts, cfg: cfg, started: time.Now(), flooding: map[uint16]bool{}, logLevel: new(slog.LevelVar),
+		periods: make(chan struct{}, 1)}
 	d.root = cfg.Daemon.BPFRoot
 	if opts.Root != "" {
 		d.root = opts.Root
@@ -283,16 +289,15 @@ func Run(ctx context.Context, opts Options) error {
 			return nil
 		case <-hup:
 			notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
-			res := d.Reload()
-			if res.OK {
-				d.mu.Lock()
-				c := d.cfg
-				d.mu.Unlock()
-				expire.Reset(c.Daemon.ExpireEvery)
-				rotate.Reset(c.SYN.RotateEvery)
-				sample.Reset(c.Daemon.SampleEvery)
-			}
+			d.Reload()
 			notify("READY=1")
+		case <-d.periods:
+			d.mu.Lock()
+			c := d.cfg
+			d.mu.Unlock()
+			expire.Reset(c.Daemon.ExpireEvery)
+			rotate.Reset(c.SYN.RotateEvery)
+			sample.Reset(c.Daemon.SampleEvery)
 		case <-expire.C:
 			d.expire()
 		case <-rotate.C:
@@ -538,6 +543,11 @@ func (d *Daemon) startCensus() (stop func(), err error) {
 func (d *Daemon) rotate() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.rotateLocked()
+}
+
+// rotateLocked is rotate with d.mu held.
+func (d *Daemon) rotateLocked() {
 	err := d.withShield(func(s *shield.Shield) error {
 		gen, err := syncookie.Rotate(s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation))
 		if err == nil {
@@ -648,7 +658,9 @@ func (d *Daemon) Reload() ReloadResult {
 		return ReloadResult{Errors: []string{err.Error()}, Changes: ch}
 	}
 	d.dropShadowed(ch.applied)
+	old := d.cfg
 	d.cfg = cfg
+	d.newPeriods(old, cfg)
 	d.useFeeds(fs)
 	d.keepSet(cfg, set)
 	if err := state.Save(cfg.Daemon.StateFile, d.st); err != nil {
@@ -661,6 +673,24 @@ func (d *Daemon) Reload() ReloadResult {
 	d.log.Info("reloaded", "took", res.Took.Round(time.Millisecond), "added", ch.Added, "removed", ch.Removed,
 		"port_rules", ch.PortRules, "attached", len(ch.Attached), "detached", len(ch.Detached), "syn_ports", ch.SYNPorts)
 	return res
+}
+
+// newPeriods tells the main loop of changed timer periods after a reload.
+// A shorter key rotation period takes effect at once: the data path
+// judges keys stale by the period now configured, and would issue no
+// cookie until the next rotation. Called with d.mu held.
+func (d *Daemon) newPeriods(old, cfg *config.Config) {
+	if old.Daemon.ExpireEvery == cfg.Daemon.ExpireEvery && old.SYN.RotateEvery == cfg.SYN.RotateEvery &&
+		old.Daemon.SampleEvery == cfg.Daemon.SampleEvery {
+		return
+	}
+	if cfg.SYN.RotateEvery < old.SYN.RotateEvery {
+		d.rotateLocked()
+	}
+	select {
+	case d.periods <- struct{}{}:
+	default: // the loop has yet to take the last one, and reads d.cfg then
+	}
 }
 
 // keepSet keeps the applied config's rules while it names feeds (see
@@ -697,8 +727,8 @@ func (d *Daemon) useFeeds(fs *feedSet) {
 func checkStatic(old, cfg *config.Config) error {
 	if old.Daemon.BPFRoot != cfg.Daemon.BPFRoot || old.Daemon.StateFile != cfg.Daemon.StateFile ||
 		old.Daemon.Socket != cfg.Daemon.Socket || old.Daemon.FeedDir != cfg.Daemon.FeedDir ||
-		!sameMetrics(old.Metrics, cfg.Metrics) || old.Share != cfg.Share {
-		return errors.New("daemon.bpffs_root, daemon.state_file, daemon.socket, daemon.feed_dir, metrics and share change only with a restart")
+		old.Daemon.LogFormat != cfg.Daemon.LogFormat || !sameMetrics(old.Metrics, cfg.Metrics) || old.Share != cfg.Share {
+		return errors.New("daemon.bpffs_root, daemon.state_file, daemon.socket, daemon.feed_dir, daemon.log_format, metrics and share change only with a restart")
 	}
 	return nil
 }

@@ -1509,3 +1509,80 @@ func TestAutoBlocksUnderTheDaemon(t *testing.T) {
 		t.Fatalf("expiring the run-time rule took the auto-block written over it: %q", e.rulesNow())
 	}
 }
+
+// TestReloadThroughTheAPIChangesPeriods: `moat reload`, like SIGHUP, puts
+// a new key rotation period in force: shortened from 10m to 2s, the keys
+// rotate at once (they would be stale by the new period) and then every
+// 2s. A change of daemon.log_format is refused: the logger is made once.
+func TestReloadThroughTheAPIChangesPeriods(t *testing.T) {
+	e := newEnv(t)
+	body := "interfaces:\n  - name: %s\nsyn:\n  rotate_every: %s\n  ports:\n    - port: 443\n      mode: always\n"
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "10m"))
+	e.start()
+	keys := func() syncookie.KeyStatus {
+		t.Helper()
+		s, err := shield.Open(e.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ks, err := syncookie.Keys(s.Map(datapath.MoatMapSynRotation), s.Map(datapath.MoatMapSynSettings))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ks
+	}
+	before := keys()
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "2s"))
+	e.mustMoat("reload")
+	if k := keys(); k.Rotations != before.Rotations+1 || k.Stale {
+		t.Fatalf("after the reload to 2s: %d rotations (stale %v), want %d and fresh", k.Rotations, k.Stale, before.Rotations+1)
+	}
+	time.Sleep(4500 * time.Millisecond)
+	if k := keys(); k.Rotations < before.Rotations+3 || k.Stale {
+		t.Errorf("4.5s after the reload to 2s: %d rotations (stale %v), want at least %d", k.Rotations, k.Stale, before.Rotations+3)
+	}
+
+	b, err := os.ReadFile(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.cfg, []byte(strings.Replace(string(b), "  log_level: debug\n", "  log_level: debug\n  log_format: json\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.moat("reload"); r.code == 0 || !strings.Contains(r.stderr, "daemon.log_format") {
+		t.Errorf("a reload changing daemon.log_format: %+v, want refused naming it", r)
+	}
+}
+
+// TestReloadRefusesAPortOverlap: a reload whose config's port rule
+// overlaps part of a run-time rule is refused, naming both: applied, the
+// run-time rule's other ports would have been lost for good. A rule with
+// the config's own spec leaves the state file as before.
+func TestReloadRefusesAPortOverlap(t *testing.T) {
+	e := newEnv(t)
+	body := "interfaces:\n  - name: %s\nports:\n  - rule: %s\n    action: drop\n"
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "udp/19"))
+	e.start()
+	e.mustMoat("port", "drop", "udp/20-30", "udp/40")
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "udp/19-25"))
+	r := e.moat("reload")
+	if r.code == 0 || !strings.Contains(r.stderr, "udp/19-25") || !strings.Contains(r.stderr, "udp/20-30") {
+		t.Fatalf("reload over a partial overlap: %+v, want refused naming both rules", r)
+	}
+	rules := e.rulesNow()
+	for _, want := range []string{"port udp/19 drop", "port udp/20-30 drop", "port udp/40 drop"} {
+		if !contains(rules, want) {
+			t.Errorf("after the refused reload, rules %q lack %q", rules, want)
+		}
+	}
+	if b, err := os.ReadFile(e.stateFile); err != nil || !strings.Contains(string(b), "udp/20-30") {
+		t.Errorf("state file lost the run-time rule (%v):\n%s", err, b)
+	}
+
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "udp/40"))
+	e.mustMoat("reload")
+	if b, err := os.ReadFile(e.stateFile); err != nil || strings.Contains(string(b), "udp/40") || !strings.Contains(string(b), "udp/20-30") {
+		t.Errorf("state file after the config took udp/40 (%v):\n%s", err, b)
+	}
+}

@@ -31,8 +31,9 @@ type RuleStats struct {
 }
 
 type stored struct {
-	id  uint16
-	lim Limit
+	id   uint16
+	lim  Limit
+	rule datapath.MoatRlRule // as stored, which lim describes
 }
 
 // stored reads the rules table.
@@ -46,7 +47,7 @@ func (m Maps) stored() ([]stored, error) {
 		if r.Kind == 0 {
 			continue
 		}
-		out = append(out, stored{uint16(id), limitOf(r)})
+		out = append(out, stored{uint16(id), limitOf(r), r})
 	}
 	return out, nil
 }
@@ -105,7 +106,7 @@ func (m Maps) Add(l Limit, replace bool) error {
 			continue
 		}
 		if s.lim.Scope == l.Scope && replace {
-			return m.Rules.Put(uint32(s.id), l.ruleValue())
+			return m.update(s, l)
 		}
 		if s.lim.Scope == l.Scope {
 			return &UserError{fmt.Errorf("a %s limit on %s %w (%s); use --replace", l.Kind, l.Scope, ErrExists, s.lim)}
@@ -127,6 +128,27 @@ func (m Maps) Add(l Limit, replace bool) error {
 		return userErrorf("no room for another limit (at most %d)", MaxRules)
 	}
 	return m.install(id, l)
+}
+
+// update replaces the stored rule s with l in place. When the
+// rate or the burst changes, the buckets start afresh (the budget's and
+// every source's): a bucket holds its next arrival time under the old
+// rate, which a looser limit would otherwise honour, refusing what it
+// allows for as long as the old rate's debt lasts. The counters stay.
+func (m Maps) update(s stored, l Limit) error {
+	id := s.id
+	a, b := s.rule, l.ruleValue()
+	if err := m.Rules.Put(uint32(id), b); err != nil {
+		return fmt.Errorf("write limit %d: %w", id, err)
+	}
+	if a.PktInterval == b.PktInterval && a.PktTolerance == b.PktTolerance &&
+		a.ByteInterval == b.ByteInterval && a.ByteTolerance == b.ByteTolerance {
+		return nil
+	}
+	if err := m.Budgets.Put(uint32(id), datapath.MoatRlBucket{}); err != nil {
+		return fmt.Errorf("reset budget %d: %w", id, err)
+	}
+	return m.forgetSources(id)
 }
 
 // install writes a new rule: its state and counters are reset and the
@@ -299,7 +321,7 @@ func Apply(m Maps, limits []Limit) error {
 		found := false
 		for _, s := range st {
 			if s.lim.Kind == l.Kind && s.lim.Scope == l.Scope {
-				if err := m.Rules.Put(uint32(s.id), l.ruleValue()); err != nil {
+				if err := m.update(s, l); err != nil {
 					return err
 				}
 				kept[s.id], found = true, true

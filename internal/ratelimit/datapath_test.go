@@ -447,6 +447,87 @@ func TestLimits(t *testing.T) {
 		}
 	})
 
+	t.Run("packets a port rule drops spend no budget and no source's limit", func(t *testing.T) {
+		cfg := defaults
+		cfg.Gate = ratelimit.GateNone
+		f.reset(cfg)
+		ports, hits := f.coll.Maps[datapath.MoatMapPortRules], f.coll.Maps[datapath.MoatMapPortRuleHits]
+		idx := uint32(datapath.MoatPortClassPORT_CLASS_UDP)<<16 | 19
+		if err := ports.Put(idx, datapath.MoatPortRule{Id: 7, Action: uint8(datapath.MoatRuleActionACTION_DROP)}); err != nil {
+			t.Fatal(err)
+		}
+		defer ports.Put(idx, datapath.MoatPortRule{})
+		f.add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 10})
+		f.add(ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 5, Block: ratelimit.Duration(time.Minute)})
+		for i := range 50 {
+			if got := f.send(udp4(netip.AddrFrom4([4]byte{10, 9, 0, byte(i)}), 19), 1); got != 0 {
+				t.Fatalf("a datagram to udp/19 passed")
+			}
+		}
+		if got := f.send(udp4(src4, 19), 20); got != 0 {
+			t.Fatalf("%d datagrams to udp/19 passed", got)
+		}
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_PORT_DROP); d != 70 {
+			t.Errorf("port rule drops %d, want all 70", d)
+		}
+		var per []uint64
+		if err := hits.Lookup(uint32(7), &per); err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, v := range per {
+			n += v
+		}
+		if n != 70 {
+			t.Errorf("port rule hits %d, want 70", n)
+		}
+		// The budget and src4's limit are whole.
+		if got := f.send(udp4(src4, 53), 3); got != 3 {
+			t.Errorf("%d of 3 datagrams to udp/53 passed after the flood to a dropped port", got)
+		}
+		if err := f.coll.Maps[datapath.MoatMapDenyV4Hosts].Lookup(datapath.MoatHostV4{Addr: src4.As4()}, new(datapath.MoatPrefixRule)); err == nil {
+			t.Errorf("%v auto-blocked for datagrams a port rule dropped", src4)
+		}
+	})
+
+	t.Run("a limit loosened in place forgets the old rate's debt", func(t *testing.T) {
+		cfg := defaults
+		cfg.Gate = ratelimit.GateNone
+		f.reset(cfg)
+		replace := func(l ratelimit.Limit) {
+			t.Helper()
+			if err := f.rl.Add(l, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		src := ratelimit.Limit{Kind: ratelimit.Source, Scope: scope(t, "udp"), PPS: 1, BurstPackets: 30}
+		f.add(src)
+		if got := f.send(udp4(src4, 53), 40); got != 30 {
+			t.Fatalf("%d passed, want the burst of 30", got)
+		}
+		// Replaced with the same rate and burst: the debt stays.
+		replace(src)
+		if got := f.send(udp4(src4, 53), 5); got != 0 {
+			t.Errorf("%d passed after a replace with the same rate, want 0", got)
+		}
+		src.PPS, src.BurstPackets = 1000, 100
+		replace(src)
+		if got := f.send(udp4(src4, 53), 10); got != 10 {
+			t.Errorf("%d of 10 passed after loosening to 1000 pps, burst 100", got)
+		}
+
+		budget := ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp/53"), PPS: 1, BurstPackets: 60}
+		f.add(budget)
+		if got := f.send(udp4(src4b, 53), 70); got != 60 {
+			t.Fatalf("budget: %d passed, want the burst of 60", got)
+		}
+		budget.PPS = 100000
+		replace(budget)
+		if got := f.send(udp4(src4b, 53), 20); got != 20 {
+			t.Errorf("budget: %d of 20 passed after loosening to 100k pps", got)
+		}
+	})
+
 	t.Run("monitor mode: a source over its limit passes, counted, and is still auto-blocked", func(t *testing.T) {
 		f.reset(defaults)
 		settings := f.coll.Maps[datapath.MoatMapSettings]
