@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,6 +43,13 @@ func TestBadInput(t *testing.T) {
 	twiceJSON := write("twice.json", "{\n  \"deny\": [{\"prefix\": \"100.64.0.0/10\"}],\n  \"deny\": [{\"prefix\": \"100.65.0.0/16\"}]\n}\n")
 	badAddrJSON := write("badaddr.json", "{\"deny\": [\n  {\"prefix\": \"100.64.0.1\"},\n  {\"prefix\": \"10.5.0.300/32\"}\n]}\n")
 	longComment := strings.Repeat("c", 64)
+	goodJSON := write("good.json", `{"deny": [{"prefix": "100.64.0.0/10"}]}`)
+	// More port rules than the map holds with the seeded ones: 1023 is
+	// the limit.
+	pastTheLimit := []string{"port", "drop"}
+	for p := 30000; p <= 31030; p++ {
+		pastTheLimit = append(pastTheLimit, "tcp/"+strconv.Itoa(p))
+	}
 
 	tests := []struct {
 		name    string
@@ -101,7 +109,10 @@ func TestBadInput(t *testing.T) {
 		{"import replace with a bad line", []string{"import", "--replace", badPlain}, "bad.netset:5:"},
 		{"import JSON with an unknown key", []string{"import", badJSON}, `bad.json:5: unknown field "portz"`},
 		{"import missing file", []string{"import", filepath.Join(dir, "absent")}, "no such file"},
-		{"import bad list", []string{"import", "--list", "grey", badPlain}, "invalid list"},
+		{"import bad list", []string{"import", "--list", "grey", badPlain}, `invalid --list "grey": want deny or allow`},
+		{"import bad list with JSON", []string{"import", "--list", "bogus", goodJSON}, `invalid --list "bogus": want deny or allow`},
+		{"import --list of JSON", []string{"import", "--list", "allow", goodJSON}, "--list picks the list of a plain file; JSON holds every list"},
+		{"port rules past the limit", pastTheLimit, "no room for 1031 more port rules: 1023 rules is the limit and 4 are held"},
 		{"import overlapping port rule", []string{"import", overlapJSON}, "overlaps"},
 		{"import JSON with a list twice", []string{"import", twiceJSON}, `twice.json:3: key "deny" given twice in one object`},
 		{"import JSON with a bad address", []string{"import", badAddrJSON}, `badaddr.json:3: invalid CIDR "10.5.0.300/32"`},
@@ -135,6 +146,11 @@ func TestBadInput(t *testing.T) {
 		{"limit bad scope", []string{"limit", "add", "source", "sctp/9", "--pps", "10"}, ""},
 		{"dump bad verdict", []string{"dump", "--verdict", "maybe", "-w", filepath.Join(dir, "x.pcapng")}, "verdict"},
 		{"dump bad snaplen", []string{"dump", "-s", "0", "-w", filepath.Join(dir, "x.pcapng")}, "snaplen"},
+		{"dump port above 65535", []string{"dump", "--port", "70000", "-w", filepath.Join(dir, "x.pcapng")}, `invalid --port "70000": want 1-65535`},
+		{"dump port 0", []string{"dump", "--port", "0", "-w", filepath.Join(dir, "x.pcapng")}, `invalid --port "0": want 1-65535`},
+		{"dump port not a number", []string{"dump", "--port", "https", "-w", filepath.Join(dir, "x.pcapng")}, `invalid --port "https": want 1-65535`},
+		{"dump net with host bits", []string{"dump", "--net", "10.0.0.1/8", "-w", filepath.Join(dir, "x.pcapng")}, `--net "10.0.0.1/8": host bits set (did you mean 10.0.0.0/8?)`},
+		{"dump IPv4-mapped net with host bits", []string{"dump", "--net", "::ffff:10.0.0.1/104", "-w", filepath.Join(dir, "x.pcapng")}, "host bits set"},
 		{"dump IPv4-mapped net shorter than /96", []string{"dump", "--net", "::ffff:0:0/90", "-w", filepath.Join(dir, "x.pcapng")}, "/96 or longer"},
 	}
 

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/moat-shield/moat/internal/config"
-	"github.com/moat-shield/moat/internal/feed"
 	"github.com/moat-shield/moat/internal/syncookie"
 )
 
@@ -18,10 +17,11 @@ func newCheckConfigCmd(g *globals) *cobra.Command {
 		Use:   "check-config [FILE]",
 		Short: "Check a config file, the rule files it names and what it needs of this host, reporting every error with its line",
 		Long: `Check a config file and the rule files it names, reporting every error
-with its line. Then check what the daemon would refuse on this host: every
-interface must exist, and ports that issue SYN cookies need the kernel's
-net.ipv4.tcp_syncookies (TCP options turned off in the namespace are
-noted). --file-only skips the host, to check a file meant for another
+with its line. Then check what the daemon would refuse on this host: the
+CA and token files of feeds must be here (a CA file holding certificates),
+every interface must exist, and ports that issue SYN cookies need the
+kernel's net.ipv4.tcp_syncookies (TCP options turned off in the namespace
+are noted). --file-only skips the host, to check a file meant for another
 machine.`,
 		Args: args(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, a []string) error {
@@ -29,7 +29,13 @@ machine.`,
 			if len(a) == 1 {
 				path = a[0]
 			}
-			cfg, set, err := config.Load(path)
+			// Load checks the feeds' files on this host, as the daemon
+			// reads the config; LoadFileOnly leaves them out.
+			load := config.Load
+			if fileOnly {
+				load = config.LoadFileOnly
+			}
+			cfg, set, err := load(path)
 			if err != nil {
 				return configErrors(cmd, err)
 			}
@@ -54,18 +60,10 @@ machine.`,
 }
 
 // checkHost returns what the daemon would refuse cfg for on this host (in
-// this network namespace), and prints the notes it would log.
+// this network namespace), and prints the notes it would log. The feeds'
+// files were checked by config.Load.
 func checkHost(cmd *cobra.Command, cfg *config.Config) []config.Error {
 	var errs []config.Error
-	for i, lf := range cfg.Lists {
-		if lf.URL == "" {
-			continue
-		}
-		// The CA file must hold certificates, as the daemon reads it.
-		if _, err := feed.New(feed.Source{URL: lf.URL, List: lf.List, CAFile: lf.CAFile}, cfg.Daemon.FeedDir); err != nil {
-			errs = append(errs, config.Error{Line: lf.Line, Msg: fmt.Sprintf("lists[%d]: %v", i+1, err)})
-		}
-	}
 	for _, i := range cfg.Interfaces {
 		if _, err := net.InterfaceByName(i.Name); err != nil {
 			errs = append(errs, config.Error{Line: i.Line, Msg: fmt.Sprintf("interfaces: no interface %q on this host", i.Name)})

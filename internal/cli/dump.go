@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,10 +25,9 @@ func init() {
 
 // dumpFlags are moat dump's options as given.
 type dumpFlags struct {
-	iface, out, verdict, host, net, proto string
-	port                                  uint16
-	count                                 uint64
-	snaplen, sample                       uint32
+	iface, out, verdict, host, net, proto, port string
+	count                                       uint64
+	snaplen, sample                             uint32
 }
 
 // filter turns the flags into a capture filter; errors are usage errors.
@@ -53,14 +53,20 @@ func (d *dumpFlags) filter(cmd *cobra.Command) (capture.Filter, error) {
 		if err != nil {
 			return f, usagef("--net %q: not a prefix such as 198.51.100.0/24", d.net)
 		}
+		// Shorter, an IPv4-mapped prefix would cover IPv6 addresses that
+		// are not mapped.
+		if p.Addr().Is4In6() && p.Bits() < 96 {
+			return f, usagef("--net %q: an IPv4-mapped prefix must be /96 or longer", d.net)
+		}
+		// Refused as block refuses it: 10.0.0.1/8 is more likely a typo
+		// than a way to write 10.0.0.0/8.
+		if p.Masked() != p {
+			return f, usagef("--net %q: host bits set (did you mean %s?)", d.net, p.Masked())
+		}
 		if p.Addr().Is4In6() {
-			// Shorter, it would cover IPv6 addresses that are not mapped.
-			if p.Bits() < 96 {
-				return f, usagef("--net %q: an IPv4-mapped prefix must be /96 or longer", d.net)
-			}
 			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 		}
-		f.Prefix = p.Masked()
+		f.Prefix = p
 	}
 	if d.proto != "" {
 		if f.Proto, err = capture.ParseProto(d.proto); err != nil {
@@ -68,7 +74,11 @@ func (d *dumpFlags) filter(cmd *cobra.Command) (capture.Filter, error) {
 		}
 	}
 	if cmd.Flags().Changed("port") {
-		f.Port, f.HasPort = d.port, true
+		n, err := strconv.ParseUint(d.port, 10, 16)
+		if err != nil || n == 0 {
+			return f, usagef("invalid --port %q: want 1-65535", d.port)
+		}
+		f.Port, f.HasPort = uint16(n), true
 	}
 	if cmd.Flags().Changed("snaplen") && (d.snaplen == 0 || d.snaplen > capture.MaxSnaplen) {
 		return f, usagef("--snaplen must be 1..%d", capture.MaxSnaplen)
@@ -105,7 +115,7 @@ func newDumpCmd(g *globals) *cobra.Command {
 	fl.StringVar(&d.host, "host", "", "only packets from or to this address")
 	fl.StringVar(&d.net, "net", "", "only packets from or to this prefix")
 	fl.StringVar(&d.proto, "proto", "", "only this protocol: tcp, udp, icmp or icmpv6")
-	fl.Uint16Var(&d.port, "port", 0, "only TCP or UDP packets from or to this port")
+	fl.StringVar(&d.port, "port", "", "only TCP or UDP packets from or to this port (1-65535)")
 	fl.Uint64VarP(&d.count, "count", "c", 0, "stop after this many packets (0: until interrupted)")
 	fl.Uint32VarP(&d.snaplen, "snaplen", "s", 0, fmt.Sprintf("bytes kept of each packet (default and maximum %d)", capture.MaxSnaplen))
 	fl.Uint32Var(&d.sample, "sample", 1, "keep one in N matching packets (counted per CPU)")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -37,26 +38,16 @@ func newAttachCmd(g *globals) *cobra.Command {
 					return usagef("no interface %q", name)
 				}
 			}
-			s, err := g.open()
-			if err != nil {
-				return err
+			err = attachAll(cmd, g, ifaces, m)
+			if err != nil && g.created {
+				// A root this command created holds nothing after a
+				// failure: it goes, whatever the error, so that a failed
+				// attach leaves nothing pinned. Main must not open it
+				// again to discard it.
+				g.discard()
+				g.created = false
 			}
-			defer s.Close()
-			for _, name := range ifaces {
-				res, err := s.Attach(name, m)
-				if err != nil {
-					return err
-				}
-				if res.Warning != "" {
-					fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s\n", res.Warning)
-				}
-				verb := "attached to"
-				if res.Replaced {
-					verb = "replaced the program on"
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s mode)\n", verb, name, res.Mode)
-			}
-			return nil
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&mode, "mode", "", "XDP mode: native, generic, or auto (the default: native, falling back to generic)")
@@ -136,6 +127,97 @@ func newDetachCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&keepRules, "keep-rules", false, "keep the rule maps pinned after the last detach")
 	cmd.Flags().BoolVar(&removeRules, "remove-rules", false, "with --all: remove the rules and pins even when nothing is attached")
 	return cmd
+}
+
+// attachAll attaches the filter to every interface or to none: if one is
+// refused or fails, those it attached are detached again.
+func attachAll(cmd *cobra.Command, g *globals, ifaces []string, m shield.Mode) error {
+	s, err := g.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	atts, err := s.Attachments()
+	if err != nil {
+		return err
+	}
+	live := map[string]shield.Attachment{}
+	for _, a := range atts {
+		if ifc, err := net.InterfaceByName(a.Iface); err == nil && a.Present && a.Ifindex == ifc.Index {
+			live[a.Iface] = a
+		}
+	}
+	// Every mode is checked before anything is attached. The interfaces
+	// moat is not on go first: a program replaced in place cannot be put
+	// back, so the replacements wait until the new attachments are done.
+	var fresh, replace []string
+	for _, name := range ifaces {
+		a, ok := live[name]
+		if !ok {
+			fresh = append(fresh, name)
+			continue
+		}
+		if m != shield.ModeAuto && m != a.Mode {
+			return usagef("%s is attached in %s mode; detach it first to change the mode", name, a.Mode)
+		}
+		replace = append(replace, name)
+	}
+	var attached []string // by this command: detached again on failure
+	done := map[string]shield.AttachResult{}
+	for _, name := range append(fresh, replace...) {
+		res, err := s.Attach(name, m)
+		if err != nil {
+			if !res.Replaced && isPinned(s, name) {
+				// Attached, then a step after failed (the summary, the
+				// SYN slots).
+				attached = append(attached, name)
+			}
+			return undoAttach(s, attached, err)
+		}
+		if !res.Replaced {
+			attached = append(attached, name)
+		}
+		done[name] = res
+	}
+	for _, name := range ifaces {
+		res := done[name]
+		if res.Warning != "" {
+			fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s\n", res.Warning)
+		}
+		verb := "attached to"
+		if res.Replaced {
+			verb = "replaced the program on"
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s mode)\n", verb, name, res.Mode)
+	}
+	return nil
+}
+
+// undoAttach detaches the interfaces that a failed attach had attached,
+// and returns the attach's error: still a refusal if it was one, unless
+// an interface could not be detached, which leaves a change behind.
+func undoAttach(s *shield.Shield, attached []string, err error) error {
+	var failed []string
+	for _, name := range attached {
+		if derr := s.Detach(name); derr != nil {
+			failed = append(failed, fmt.Sprintf("%s (%v)", name, derr))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%v; detaching again failed: %s", err, strings.Join(failed, ", "))
+	}
+	return err
+}
+
+// isPinned tells whether moat has pins for the interface name.
+func isPinned(s *shield.Shield, name string) bool {
+	pins, _ := shield.PinnedInterfaces(s.Root())
+	for _, p := range pins {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // checkNames refuses an interface named twice: the second attach or detach

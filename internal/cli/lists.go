@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -196,15 +197,31 @@ func newPortCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
-			for _, spec := range specs {
+			if verb != "remove" {
+				// Room for all of them, as the daemon checks: nothing
+				// changes if one would not fit.
+				want := make([]rules.PortEntry, 0, len(existing)+len(specs))
+				for _, r := range existing {
+					want = append(want, rules.PortEntry{Spec: r.Spec, Action: r.Action})
+				}
+				for _, spec := range specs {
+					want = append(want, rules.PortEntry{Spec: spec, Action: action})
+				}
+				if err := s.CheckPortRules(want); err != nil {
+					return err
+				}
+			}
+			for i, spec := range specs {
 				if verb == "remove" {
 					err = s.RemovePortRule(spec)
 				} else {
 					err = s.AddPortRule(spec, action)
 				}
 				if err != nil {
-					return err
+					return undoPortChange(s, existing, specs[:i], verb == "remove", err)
 				}
+			}
+			for _, spec := range specs {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", map[bool]string{true: "removed", false: verb}[verb == "remove"], spec)
 			}
 			return nil
@@ -231,6 +248,32 @@ func checkPortChange(existing []shield.PortRule, spec rules.PortSpec, remove boo
 		return usagef("no port rule %s", spec)
 	}
 	return nil
+}
+
+// undoPortChange takes back the rules that a port command had added or
+// removed (done) before it failed with err, and returns err: still a
+// refusal if it was one, unless a rule could not be put back.
+func undoPortChange(s *shield.Shield, existing []shield.PortRule, done []rules.PortSpec, remove bool, err error) error {
+	var failed []string
+	for _, spec := range done {
+		var uerr error
+		if remove {
+			for _, r := range existing {
+				if r.Spec == spec {
+					uerr = s.AddPortRule(spec, r.Action)
+				}
+			}
+		} else {
+			uerr = s.RemovePortRule(spec)
+		}
+		if uerr != nil {
+			failed = append(failed, fmt.Sprintf("%s (%v)", spec, uerr))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%v; putting back the rules changed before failed: %s", err, strings.Join(failed, ", "))
+	}
+	return err
 }
 
 func newPolicyCmd(g *globals) *cobra.Command {

@@ -285,6 +285,9 @@ func newImportCmd(g *globals) *cobra.Command {
 		Short: "Load rules from JSON (as export writes) or a plain list of addresses/CIDRs (ipset, FireHOL netsets)",
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, a []string) error {
+			if list != "deny" && list != "allow" {
+				return usagef("invalid --list %q: want deny or allow", list)
+			}
 			var r io.Reader = cmd.InOrStdin()
 			name := a[0]
 			if name != "-" {
@@ -298,6 +301,13 @@ func newImportCmd(g *globals) *cobra.Command {
 			data, err := io.ReadAll(r)
 			if err != nil {
 				return usagef("%s: %v", name, err)
+			}
+			// JSON holds both lists; a --list the import would ignore is
+			// a mistake better said than passed over.
+			t := bytes.TrimSpace(data)
+			isJSON := len(t) > 0 && t[0] == '{'
+			if isJSON && cmd.Flags().Changed("list") {
+				return usagef("--list picks the list of a plain file; JSON holds every list")
 			}
 			rs, err := rules.ReadRuleset(name, bytes.NewReader(data), list)
 			if err != nil {
@@ -315,7 +325,7 @@ func newImportCmd(g *globals) *cobra.Command {
 			defer s.Close()
 			start := time.Now()
 			var res shield.ApplyResult
-			if t := bytes.TrimSpace(data); replace && (len(t) == 0 || t[0] != '{') {
+			if replace && !isJSON {
 				res, err = replaceList(s, rs, list)
 			} else {
 				res, err = s.Apply(rs, replace)

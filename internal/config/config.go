@@ -8,6 +8,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/netip"
@@ -306,9 +307,22 @@ func (c *Config) RateLimits() []ratelimit.Limit {
 	return out
 }
 
-// Load reads, checks and completes a config file, reading the rule files
-// it names. The error is an *Errors listing every problem with its line.
+// Load reads, checks and completes a config file to run on this host,
+// reading the rule files it names. Beyond what Parse checks, the CA and
+// token files that feeds name must be here, as the daemon reads them
+// later. The error is an *Errors listing every problem with its line.
 func Load(path string) (*Config, *Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, &Errors{File: path, List: []Error{{Msg: err.Error()}}}
+	}
+	return parse(path, data, true)
+}
+
+// LoadFileOnly is Load for a file meant for another host: the files its
+// feeds name are not looked for here (the rule files are read all the
+// same).
+func LoadFileOnly(path string) (*Config, *Set, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, &Errors{File: path, List: []Error{{Msg: err.Error()}}}
@@ -317,8 +331,15 @@ func Load(path string) (*Config, *Set, error) {
 }
 
 // Parse reads a config from data; path names it in errors and is where
-// relative rule file names start from.
+// relative rule file names start from. The files that feeds name are
+// checked for absolute paths only: Load checks that they are here.
 func Parse(path string, data []byte) (*Config, *Set, error) {
+	return parse(path, data, false)
+}
+
+// parse is Parse; with host, it also checks the feeds' files on this
+// host, as Load does.
+func parse(path string, data []byte, host bool) (*Config, *Set, error) {
 	var e errs
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -336,6 +357,9 @@ func Parse(path string, data []byte) (*Config, *Set, error) {
 	}
 	c.defaults(e.lines)
 	c.check(&e)
+	if host {
+		c.checkFeedFiles(&e)
+	}
 	set := c.buildSet(filepath.Dir(path), &e)
 	if err := e.result(path); err != nil {
 		return nil, nil, err
@@ -640,7 +664,8 @@ func (c *Config) check(e *errs) {
 // checkFeeds checks the lists fetched from URLs: the URL, the refresh
 // period, and that a file list has no feed keys. The files a feed names
 // (CA, token) must be absolute paths: the daemon reads them long after
-// the config, and the token at every fetch.
+// the config, and the token at every fetch. Whether they are there is
+// the host's matter (checkFeedFiles): the file may be meant for another.
 func (c *Config) checkFeeds(e *errs) {
 	seen := map[string]int{}
 	for i, lf := range c.Lists {
@@ -671,10 +696,6 @@ func (c *Config) checkFeeds(e *errs) {
 			}
 			if !filepath.IsAbs(f.val) {
 				at("%s %q must be an absolute path", f.key, f.val)
-			} else if fi, err := os.Stat(f.val); err != nil {
-				at("%s: %v", f.key, err)
-			} else if !fi.Mode().IsRegular() {
-				at("%s: %s is not a regular file", f.key, f.val)
 			}
 		}
 		if lf.CAFile != "" && !strings.HasPrefix(lf.URL, "https:") {
@@ -685,6 +706,44 @@ func (c *Config) checkFeeds(e *errs) {
 			at("%s is listed twice (first at line %d)", lf.URL, first)
 		}
 		seen[k] = lf.Line
+	}
+}
+
+// checkFeedFiles checks, on this host, the files that the feeds name: the
+// CA and token files must be regular files, and a CA file must hold a
+// PEM certificate, as the daemon reads it (feed.New). Paths that are not
+// absolute were refused by checkFeeds already.
+func (c *Config) checkFeedFiles(e *errs) {
+	for i, lf := range c.Lists {
+		if lf.URL == "" || lf.File != "" {
+			continue
+		}
+		at := func(format string, args ...any) {
+			e.list = append(e.list, Error{Line: lf.Line, Msg: fmt.Sprintf("lists[%d]: ", i+1) + fmt.Sprintf(format, args...)})
+		}
+		for _, f := range []struct{ key, val string }{{"ca_file", lf.CAFile}, {"token_file", lf.TokenFile}} {
+			if f.val == "" || !filepath.IsAbs(f.val) {
+				continue
+			}
+			fi, err := os.Stat(f.val)
+			if err != nil {
+				at("%s: %v", f.key, err)
+				continue
+			}
+			if !fi.Mode().IsRegular() {
+				at("%s: %s is not a regular file", f.key, f.val)
+				continue
+			}
+			if f.key != "ca_file" {
+				continue
+			}
+			pem, err := os.ReadFile(f.val)
+			if err != nil {
+				at("%s: %v", f.key, err)
+			} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+				at("%s: %s holds no PEM certificate", f.key, f.val)
+			}
+		}
 	}
 }
 

@@ -1,9 +1,16 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"golang.org/x/sys/unix"
+	"math/big"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -90,7 +97,7 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"feed with a password", "lists:\n  - url: https://me:pw@rules.example/deny.txt\n", 2, "put a token in token_file"},
 		{"feed refresh too short", "lists:\n  - url: https://rules.example/deny.txt\n    refresh: 100ms\n", 2, "refresh 100ms is too short; at least 1s"},
 		{"feed relative token", "lists:\n  - url: https://rules.example/deny.txt\n    token_file: token\n", 2, `token_file "token" must be an absolute path`},
-		{"feed missing CA", "lists:\n  - url: https://rules.example/deny.txt\n    ca_file: /nonexistent/ca.pem\n", 2, "ca_file: stat /nonexistent/ca.pem: no such file"},
+		{"feed relative CA", "lists:\n  - url: https://rules.example/deny.txt\n    ca_file: ca.pem\n", 2, `ca_file "ca.pem" must be an absolute path`},
 		{"feed CA over http", "lists:\n  - url: http://rules.example/deny.txt\n    ca_file: /etc/hostname\n", 2, "ca_file is for an https url"},
 		{"feed twice", "lists:\n  - url: https://rules.example/deny.txt\n  - url: https://rules.example/deny.txt\n", 3, "listed twice (first at line 2)"},
 		{"feed bad list", "lists:\n  - url: https://rules.example/deny.txt\n    list: block\n", 2, `invalid list "block"`},
@@ -246,6 +253,14 @@ func TestExamplesPass(t *testing.T) {
 	if _, _, err := Parse("README.md example", block[1]); err != nil {
 		t.Errorf("README example: %v", err)
 	}
+	// The feed example names files of the fleet's hosts, not this one's.
+	feeds := regexp.MustCompile("(?s)```yaml\n(# on every edge host\n.*?)```").FindSubmatch(readme)
+	if feeds == nil {
+		t.Fatal("README.md has no ```yaml block starting with # on every edge host")
+	}
+	if _, _, err := Parse("README.md feed example", feeds[1]); err != nil {
+		t.Errorf("README feed example: %v", err)
+	}
 }
 
 func TestTooManySYNPorts(t *testing.T) {
@@ -383,5 +398,64 @@ func TestFeedsFromTheConfig(t *testing.T) {
 	}
 	if cfg.Daemon.FeedDir != DefaultFeedDir || cfg.Share.On() {
 		t.Fatalf("defaults: feed_dir %q, share %+v", cfg.Daemon.FeedDir, cfg.Share)
+	}
+}
+
+// selfSignedPEM is a CA certificate, PEM-encoded.
+func selfSignedPEM(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "moat test CA"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// The files a feed names are looked for on this host by Load, which the
+// daemon reads its config with, each error at the feed's line; Parse and
+// LoadFileOnly, for a file meant for another host, leave them out.
+func TestFeedFilesOnThisHost(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	goodCA := write("ca.pem", selfSignedPEM(t))
+	token := write("feed.token", "t\n")
+	badCA := write("bad.pem", "not a certificate\n")
+	for i, c := range []struct{ name, keys, want string }{
+		{"missing CA", "ca_file: /nonexistent/ca.pem", "lists[1]: ca_file: stat /nonexistent/ca.pem: no such file or directory"},
+		{"CA not a regular file", "ca_file: " + dir, "lists[1]: ca_file: " + dir + " is not a regular file"},
+		{"CA without certificates", "ca_file: " + badCA, "lists[1]: ca_file: " + badCA + " holds no PEM certificate"},
+		{"missing token", "token_file: /nonexistent/feed.token", "lists[1]: token_file: stat /nonexistent/feed.token: no such file or directory"},
+		{"token not a regular file", "token_file: " + dir, "lists[1]: token_file: " + dir + " is not a regular file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := write(fmt.Sprintf("moat-%d.yaml", i), "deny:\n  - 192.0.2.1\nlists:\n  - url: https://rules.example/deny.txt\n    "+c.keys+"\n")
+			_, _, err := Load(path)
+			var ce *Errors
+			if !errors.As(err, &ce) || len(ce.List) != 1 || ce.List[0].Error() != "line 4: "+c.want {
+				t.Fatalf("Load: %v, want one error: line 4: %s", err, c.want)
+			}
+			if _, _, err := LoadFileOnly(path); err != nil {
+				t.Errorf("LoadFileOnly: %v", err)
+			}
+		})
+	}
+	path := write("good.yaml", "lists:\n  - url: https://rules.example/deny.txt\n    ca_file: "+goodCA+"\n    token_file: "+token+"\n")
+	if _, _, err := Load(path); err != nil {
+		t.Fatalf("Load with a good CA and token: %v", err)
 	}
 }
