@@ -115,6 +115,7 @@ int moat_filter(struct xdp_md *ctx)
 		prule = match_port(&pkt);
 		if (prule && prule->action == ACTION_DROP) {
 			port_hit(prule);
+			rl_check(ctx, &pkt, 1); /* the attack shape and heavy hitters see it */
 			return verdict(ctx, cfg, REASON_PORT_DROP, XDP_DROP);
 		}
 	}
@@ -123,7 +124,7 @@ int moat_filter(struct xdp_md *ctx)
 	 * allowlisted sources are never limited and auto-blocked ones stop at
 	 * the denylist; before the fragment and malformed verdicts, so
 	 * fragments and malformed packets count against their source too. */
-	switch (rl_check(ctx, &pkt)) {
+	switch (rl_check(ctx, &pkt, 0)) {
 	case RL_DROP_SOURCE:
 		return verdict(ctx, cfg, REASON_RATELIMIT, XDP_DROP);
 	case RL_DROP_BUDGET:

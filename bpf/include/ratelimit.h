@@ -618,10 +618,13 @@ static __always_inline void rl_choose(struct xdp_md *ctx, struct packet *p,
 	}
 }
 
-/* The rate-limit stage: returns RL_PASS or why the packet is dropped. A
+/* The rate-limit stage: returns RL_PASS or why the packet is dropped. With
+ * port_dropped set (a port rule drops the packet) no limit is charged: the
+ * packet is only counted in the attack shape and, as dropped, among the
+ * heavy hitters, so a flood that a port rule stops still shows there. A
  * global function, so the verifier checks it once, apart from the rest of
  * the program. */
-__attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
+__attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p, int port_dropped)
 {
 	__u32 len = ctx->data_end - ctx->data;
 	struct rl_rule *src_r = NULL, *bud_r = NULL;
@@ -635,6 +638,8 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 	/* The clock is read only when a rule or a sample needs it: with no
 	 * rule in scope a packet never pays for it (packet_now). */
 	set = bpf_map_lookup_elem(&rl_settings, &zero);
+	if (port_dropped)
+		goto observe;
 	/* A protocol's limits take all of its packets, non-first fragments
 	 * and headers cut short among them: the IP header names the protocol.
 	 * Port scopes need the port. */
@@ -681,6 +686,7 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 		}
 	}
 
+observe:
 	if (set) {
 		__u32 log2 = set->hh_sample ? set->hh_sample - 1 : HH_DEFAULT_SAMPLE_LOG2;
 
@@ -689,7 +695,7 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p)
 		if (log2 > HH_MAX_SAMPLE_LOG2)
 			log2 = HH_MAX_SAMPLE_LOG2;
 		if (!set->hh_off && hh_sampled(log2))
-			hh_count(p, len, res != RL_PASS, packet_now(p));
+			hh_count(p, len, res != RL_PASS || port_dropped, packet_now(p));
 	}
 	return res;
 }

@@ -130,19 +130,23 @@ func (m Maps) Add(l Limit, replace bool) error {
 	return m.install(id, l)
 }
 
-// update replaces the stored rule s with l in place. When the
-// rate or the burst changes, the buckets start afresh (the budget's and
-// every source's): a bucket holds its next arrival time under the old
-// rate, which a looser limit would otherwise honour, refusing what it
-// allows for as long as the old rate's debt lasts. The counters stay.
+// update replaces the stored rule s with l in place. A bucket holds its
+// next arrival time, up to the old limit's tolerance (its burst, in time)
+// ahead: when the new limit tolerates less, a source the old limit let
+// run ahead would be refused for as long as that lead lasts, even by a
+// looser limit (1 pps with a burst of 30 replaced by 1000 pps with a
+// burst of 100: 30 s against 0.1 s). Then the buckets start afresh, the
+// budget's and every source's, each with the new burst. Otherwise they
+// are kept: the new limit honours what the old one counted. The counters
+// stay either way.
 func (m Maps) update(s stored, l Limit) error {
 	id := s.id
 	a, b := s.rule, l.ruleValue()
 	if err := m.Rules.Put(uint32(id), b); err != nil {
 		return fmt.Errorf("write limit %d: %w", id, err)
 	}
-	if a.PktInterval == b.PktInterval && a.PktTolerance == b.PktTolerance &&
-		a.ByteInterval == b.ByteInterval && a.ByteTolerance == b.ByteTolerance {
+	shrinks := func(oldTol, newInterval, newTol uint64) bool { return newInterval != 0 && newTol < oldTol }
+	if !shrinks(a.PktTolerance, b.PktInterval, b.PktTolerance) && !shrinks(a.ByteTolerance, b.ByteInterval, b.ByteTolerance) {
 		return nil
 	}
 	if err := m.Budgets.Put(uint32(id), datapath.MoatRlBucket{}); err != nil {

@@ -481,6 +481,33 @@ func TestLimits(t *testing.T) {
 		if n != 70 {
 			t.Errorf("port rule hits %d, want 70", n)
 		}
+		// The attack shape and the heavy hitters still see the flood.
+		sh, err := f.rl.Shape(10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var toPort19 uint64
+		for _, c := range sh.Ports {
+			if c.Name == "udp/19" {
+				toPort19 = c.Packets
+			}
+		}
+		if toPort19 != 70 {
+			t.Errorf("attack shape: %d packets to udp/19, want 70 (ports %+v)", toPort19, sh.Ports)
+		}
+		hh, err := f.rl.HeavyHitters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, h := range hh {
+			if h.Source == netip.PrefixFrom(src4, 32) {
+				found = h.Packets == 20 && h.Dropped == 20
+			}
+		}
+		if !found {
+			t.Errorf("heavy hitters %+v: want %v with 20 packets, all dropped", hh, src4)
+		}
 		// The budget and src4's limit are whole.
 		if got := f.send(udp4(src4, 53), 3); got != 3 {
 			t.Errorf("%d of 3 datagrams to udp/53 passed after the flood to a dropped port", got)
@@ -507,8 +534,16 @@ func TestLimits(t *testing.T) {
 		}
 		// Replaced with the same rate and burst: the debt stays.
 		replace(src)
-		if got := f.send(udp4(src4, 53), 5); got != 0 {
-			t.Errorf("%d passed after a replace with the same rate, want 0", got)
+		// (1 pps: a token more for each second the machine stalls.)
+		if got := f.send(udp4(src4, 53), 5); got > 1 {
+			t.Errorf("%d passed after a replace with the same rate, want none", got)
+		}
+		// A burst of 40 at the same rate tolerates more than the old
+		// one: the debt of the 30 stays, and 10 more pass.
+		src.BurstPackets = 40
+		replace(src)
+		if got := f.send(udp4(src4, 53), 20); got < 10 || got > 11 {
+			t.Errorf("%d passed after raising the burst from 30 to 40, want 10", got)
 		}
 		src.PPS, src.BurstPackets = 1000, 100
 		replace(src)
