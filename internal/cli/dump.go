@@ -240,26 +240,7 @@ func runDump(cmd *cobra.Command, g *globals, d *dumpFlags) error {
 	fmt.Fprintf(stderr, "moat dump: capturing on %s (%s), snaplen %d; interrupt to stop\n", where, describeFilter(d, f), snap)
 
 	portRules := capture.PortRuleNames(maps.PortRuleDefs)
-	// A flood repeats a handful of comments: format each once.
-	type commentKey struct {
-		action   uint8
-		reason   uint8
-		rule     netip.Prefix
-		portRule uint16
-	}
-	comments := map[commentKey]string{}
-	comment := func(p capture.Packet) string {
-		k := commentKey{p.Action, uint8(p.Reason), p.Rule, p.PortRule}
-		c, ok := comments[k]
-		if !ok {
-			c = capture.Comment(p, portRules)
-			if len(comments) > 4096 { // a spread of rules: start over
-				clear(comments)
-			}
-			comments[k] = c
-		}
-		return c
-	}
+	comment := newCommentCache(portRules).get
 	var (
 		captured, lostShown, lapsesShown uint64
 		lastFlush, lastReport            = time.Now(), time.Now()
@@ -385,4 +366,37 @@ func writesToTerminal(w io.Writer) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// commentCache formats each packet comment once: a flood repeats a
+// handful of them.
+type commentCache struct {
+	portRules func(uint16) string
+	comments  map[commentKey]string
+}
+
+// commentKey is what a comment says: every field capture.Comment reads.
+type commentKey struct {
+	action    uint8
+	monitored bool
+	reason    uint8
+	rule      netip.Prefix
+	portRule  uint16
+}
+
+func newCommentCache(portRules func(uint16) string) *commentCache {
+	return &commentCache{portRules: portRules, comments: map[commentKey]string{}}
+}
+
+func (cc *commentCache) get(p capture.Packet) string {
+	k := commentKey{p.Action, p.Monitored, uint8(p.Reason), p.Rule, p.PortRule}
+	c, ok := cc.comments[k]
+	if !ok {
+		c = capture.Comment(p, cc.portRules)
+		if len(cc.comments) > 4096 { // a spread of rules: start over
+			clear(cc.comments)
+		}
+		cc.comments[k] = c
+	}
+	return c
 }

@@ -407,6 +407,10 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 		for _, p := range d.st.Ports {
 			dynamic[p.Spec] = true
 		}
+		// Run-time rules the maps do not hold: a rule of the config's
+		// overlaps them (see wanted.portOverlaps). Removing one changes
+		// the state file alone.
+		stateOnly := map[rules.PortSpec]bool{}
 		for _, spec := range specs {
 			found := false
 			for _, r := range existing {
@@ -422,6 +426,9 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 					}
 					return userErrorf("port rule %s overlaps the existing rule %s (%s)", spec, r.Spec, r.Action)
 				}
+			}
+			if remove && !found && dynamic[spec] {
+				stateOnly[spec], found = true, true
 			}
 			if remove && !found {
 				return userErrorf("no port rule %s", spec)
@@ -451,7 +458,7 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 				var rerr error
 				if remove {
 					for _, p := range saved {
-						if p.Spec == spec {
+						if p.Spec == spec && !stateOnly[spec] {
 							rerr = s.AddPortRule(spec, p.Action)
 						}
 					}
@@ -464,9 +471,12 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 			}
 		}
 		for i, spec := range specs {
-			if remove {
+			switch {
+			case remove && stateOnly[spec]:
+				err = nil
+			case remove:
 				err = s.RemovePortRule(spec)
-			} else {
+			default:
 				err = s.AddPortRule(spec, action)
 			}
 			if err != nil {

@@ -79,13 +79,18 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 	}
 	want := d.desired(set, fs.lists(nil, nil))
 	if len(want.portOverlaps) > 0 {
-		if old != nil {
-			return ch, refused(fmt.Errorf("ports: %s: remove one of them (moat port remove), then reload", want.portOverlaps[0]))
+		held, err := s.PortRules()
+		if err != nil {
+			return ch, refused(err)
 		}
-		// At start protection comes first: the config's rule applies,
-		// the run-time one waits in the state file.
 		for _, o := range want.portOverlaps {
-			d.log.Warn(o + "; the config's applies, the run-time rule stays in the state file, unapplied")
+			// A reload must not take an applied rule out: its other ports
+			// would lose it. At start protection comes first, and a rule
+			// left out already stays out.
+			if old != nil && slices.ContainsFunc(held, func(r shield.PortRule) bool { return r.Spec == o.runtime }) {
+				return ch, refused(fmt.Errorf("ports: %s: remove one of them (moat port remove %s), then reload", o.what, o.runtime))
+			}
+			d.log.Warn(o.what+"; the config's applies, and the run-time rule waits in the state file, unapplied, until one of them is removed", "runtime", o.runtime)
 		}
 	}
 	plan, err := d.planRules(s, want)
@@ -269,11 +274,17 @@ type wanted struct {
 	// shadowedPorts are dynamic port rules whose spec the config holds
 	// too; they leave the state file once the config is applied.
 	shadowedPorts map[rules.PortSpec]bool
-	// portOverlaps names each dynamic port rule that overlaps a rule of
-	// the config's without being the same spec: it is left out of the
-	// maps (the config's applies) but stays in the state file, and a
-	// reload is refused over it.
-	portOverlaps []string
+	// portOverlaps are the dynamic port rules that overlap a rule of the
+	// config's without being the same spec: left out of the maps (the
+	// config's applies), kept in the state file. A reload that would take
+	// one out of the maps is refused.
+	portOverlaps []portOverlap
+}
+
+// portOverlap is a dynamic port rule that a rule of the config's overlaps.
+type portOverlap struct {
+	runtime rules.PortSpec
+	what    string
 }
 
 // desired merges the config's rules with the dynamic ones and the feeds'.
@@ -337,7 +348,8 @@ func (d *Daemon) desired(set *config.Set, feeds [2][]rules.PrefixEntry) *wanted 
 				// Part of the run-time rule's ports the config does
 				// not hold: dropping it would lose them for good.
 				clash = true
-				w.portOverlaps = append(w.portOverlaps, fmt.Sprintf("the config's port rule %s (%s) overlaps %s (%s), added at run time", c.Spec, c.Action, p.Spec, p.Action))
+				w.portOverlaps = append(w.portOverlaps, portOverlap{p.Spec,
+					fmt.Sprintf("the config's port rule %s (%s) overlaps %s (%s), added at run time", c.Spec, c.Action, p.Spec, p.Action)})
 			}
 		}
 		if !clash {

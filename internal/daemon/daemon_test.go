@@ -1580,9 +1580,24 @@ func TestReloadRefusesAPortOverlap(t *testing.T) {
 		t.Errorf("state file lost the run-time rule (%v):\n%s", err, b)
 	}
 
+	// Started with the overlap (a restart after the refusal): the
+	// config's rule applies, the run-time one waits unapplied, reloads
+	// go through, and moat port remove takes it from the state file.
+	e.stop(syscall.SIGTERM)
+	e.start()
+	rules = e.rulesNow()
+	if !contains(rules, "port udp/19-25 drop") || contains(rules, "port udp/20-30 drop") {
+		t.Errorf("started over the overlap: rules %q, want udp/19-25 and not udp/20-30", rules)
+	}
+	e.mustMoat("reload")
+	e.mustMoat("port", "remove", "udp/20-30")
+	if b, err := os.ReadFile(e.stateFile); err != nil || strings.Contains(string(b), "udp/20-30") {
+		t.Errorf("state file still holds the removed rule (%v):\n%s", err, b)
+	}
+
 	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "udp/40"))
 	e.mustMoat("reload")
-	if b, err := os.ReadFile(e.stateFile); err != nil || strings.Contains(string(b), "udp/40") || !strings.Contains(string(b), "udp/20-30") {
+	if b, err := os.ReadFile(e.stateFile); err != nil || strings.Contains(string(b), "udp/40") {
 		t.Errorf("state file after the config took udp/40 (%v):\n%s", err, b)
 	}
 }
