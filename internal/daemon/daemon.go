@@ -115,12 +115,13 @@ type Daemon struct {
 	cfgSet *config.Set
 
 	// The rate limits' auto-blocks, as Expire last saw them: the
-	// blocks the limits had counted then, whether that scan ran, and
-	// when the first auto-block it left expires (zero: none). A scan
-	// reads the whole denylist, so Expire scans only when a limit has
-	// blocked since, or an auto-block left is due.
+	// blocks the limits had counted then, when that scan ran (zero: not
+	// yet), and when the first auto-block it left expires (zero: none).
+	// A scan reads the whole denylist, so Expire scans only when a limit
+	// has blocked since, or an auto-block left is due, and at most once
+	// per autoScanEvery: the data path ignores an expired entry anyway.
 	autoBlocks     uint64
-	autoScanned    bool
+	autoScanned    time.Time
 	autoNextExpiry time.Time
 
 	// periods hears of a reload that changed the timers' periods
@@ -409,23 +410,28 @@ func (d *Daemon) withShield(fn func(*shield.Shield) error) error {
 // expire deletes timed rules whose time has passed, from the maps and the
 // state file. Only rules added at run time have a time, so the state file
 // says which to delete; reading a million-entry map every few seconds to
-// find them would cost far more.
+// find them would cost far more. The limits' auto-blocks are the
+// exception (expireAutoBlocks).
 func (d *Daemon) expire() {
-	if _, err := d.Expire(); err != nil {
+	if _, err := d.expireRules(false); err != nil {
 		d.log.Error("expire timed rules", "err", err)
 	}
 }
 
-// Expire deletes the timed rules whose time has passed now, as the
-// periodic run does, and says how many went (`moat expire` under the
-// daemon).
-func (d *Daemon) Expire() (ExpireResult, error) {
+// Expire deletes the timed rules and auto-blocks whose time has passed
+// now, and says how many went (`moat expire` under the daemon).
+func (d *Daemon) Expire() (ExpireResult, error) { return d.expireRules(true) }
+
+// expireRules is expire and Expire; force reads the denylist for expired
+// auto-blocks even within autoScanEvery of the last read.
+func (d *Daemon) expireRules(force bool) (ExpireResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
-	auto, err := d.expireAutoBlocks(now)
+	auto, err := d.expireAutoBlocks(now, force)
 	if err != nil {
-		return ExpireResult{}, err
+		// The timed rules expire all the same.
+		d.log.Error("expire auto-blocks", "err", err)
 	}
 	var due [2][]netip.Prefix
 	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
@@ -468,11 +474,17 @@ func (d *Daemon) Expire() (ExpireResult, error) {
 	return ExpireResult{Removed: n + auto}, nil
 }
 
+// autoScanEvery is how often at most Expire reads the whole denylist for
+// expired auto-blocks: under a flood some limit blocks all the time.
+const autoScanEvery = time.Minute
+
 // expireAutoBlocks deletes the auto-blocks whose time has passed: the data
-// path writes them and no rule of the daemon's holds them. It reads the
-// denylist only when a limit has blocked since its last scan, or an
-// auto-block that scan left has come due. Called with d.mu held.
-func (d *Daemon) expireAutoBlocks(now time.Time) (int, error) {
+// path writes them and no rule of the daemon's holds them. A feed's entry
+// for the same prefix applies again. It reads the denylist only when a
+// limit has blocked since its last scan, or an auto-block that scan left
+// has come due, and not within autoScanEvery of the last scan, unless a
+// command asked (force). Called with d.mu held.
+func (d *Daemon) expireAutoBlocks(now time.Time, force bool) (int, error) {
 	var blocks uint64
 	err := d.withShield(func(s *shield.Shield) error {
 		m, err := ratelimit.NewMaps(s.Map)
@@ -489,19 +501,27 @@ func (d *Daemon) expireAutoBlocks(now time.Time) (int, error) {
 		return 0, err
 	}
 	due := !d.autoNextExpiry.IsZero() && !d.autoNextExpiry.After(now)
-	if d.autoScanned && blocks == d.autoBlocks && !due {
+	scanned := !d.autoScanned.IsZero()
+	if scanned && blocks == d.autoBlocks && !due {
+		return 0, nil
+	}
+	if scanned && !force && now.Sub(d.autoScanned) < autoScanEvery {
 		return 0, nil
 	}
 	var removed int
 	var next time.Duration
-	err = d.withShield(func(s *shield.Shield) (err error) {
-		removed, next, err = s.ExpireAutoBlocks()
-		return err
+	err = d.withShield(func(s *shield.Shield) error {
+		stale, n, err := s.ExpiredAutoBlocks()
+		if err != nil {
+			return err
+		}
+		removed, next = len(stale), n
+		return d.dropOverFeeds(s, shield.DenyList, stale)
 	})
 	if err != nil {
 		return 0, err
 	}
-	d.autoBlocks, d.autoScanned, d.autoNextExpiry = blocks, true, time.Time{}
+	d.autoBlocks, d.autoScanned, d.autoNextExpiry = blocks, now, time.Time{}
 	if next > 0 {
 		d.autoNextExpiry = now.Add(next)
 	}

@@ -1008,16 +1008,16 @@ func (s *Shield) Stored(l List, p netip.Prefix) (Entry, bool, error) {
 		Auto: v.Flags&2 != 0, expiresNs: v.ExpiresNs}, true, nil // RULE_F_AUTO
 }
 
-// ExpireAutoBlocks deletes the rate limits' auto-blocks (denylist entries
-// the data path wrote) whose time has passed, and says how many it
-// deleted and how long until the next of those left expires (0: none
-// left). Other entries are left to whoever wrote them: a daemon removes an
-// expired rule of its own with the rule. An entry written again between
-// the read and the delete (a new auto-block for the same source) stays.
-func (s *Shield) ExpireAutoBlocks() (removed int, next time.Duration, err error) {
+// ExpiredAutoBlocks lists the rate limits' auto-blocks (denylist entries
+// the data path wrote) whose time has passed, and says how long until the
+// next of those left expires (0: none left). Other entries are left to
+// whoever wrote them: a daemon removes an expired rule of its own with the
+// rule. An entry written again since the list was read (a new auto-block
+// for the same source) is left out.
+func (s *Shield) ExpiredAutoBlocks() (due []netip.Prefix, next time.Duration, err error) {
 	rs, err := s.readList(DenyList)
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	now := bootNow()
 	var stale []netip.Prefix
@@ -1031,23 +1031,20 @@ func (s *Shield) ExpireAutoBlocks() (removed int, next time.Duration, err error)
 			nextNs = r.rule.ExpiresNs
 		}
 	}
-	due := stale[:0]
+	due = stale[:0]
 	for _, p := range stale {
 		v, ok, err := s.lookup(DenyList, p)
 		if err != nil {
-			return 0, 0, err
+			return nil, 0, err
 		}
 		if ok && v.Flags&2 != 0 && expired(v.ExpiresNs, bootNow()) {
 			due = append(due, p)
 		}
 	}
-	if err := s.deletePrefixes(DenyList, due); err != nil {
-		return 0, 0, err
-	}
 	if nextNs != 0 {
 		next = max(time.Duration(nextNs-now), 1)
 	}
-	return len(due), next, nil
+	return due, next, nil
 }
 
 // ExpireStale deletes entries whose time has passed. The data path already
