@@ -38,6 +38,9 @@ struct prefix_rule {
 
 #define RULE_F_COMMENT 1 /* a comment is stored in the comments map */
 #define RULE_F_AUTO 2    /* written by the data path: a rate limit's auto-block */
+/* An auto-block written in monitor mode: in force only while monitoring,
+ * so that a trial's blocks never drop once it ends. */
+#define RULE_F_MONITOR 4
 
 /* Key of the comments map: which list and which prefix. */
 struct comment_key {

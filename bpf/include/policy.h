@@ -6,8 +6,21 @@
 #include "moat_maps.h"
 #include "parsing.h"
 
+/* Whether moat is in monitor mode (struct runtime_settings). */
+static __always_inline int monitoring(void)
+{
+	__u32 zero = 0;
+	struct runtime_settings *s = bpf_map_lookup_elem(&settings, &zero);
+
+	return s && s->monitor;
+}
+
+/* Whether an entry is in force: its time has not passed, and an auto-block
+ * of monitor mode only while monitoring. */
 static __always_inline int rule_live(const struct prefix_rule *r)
 {
+	if ((r->flags & RULE_F_MONITOR) && !monitoring())
+		return 0;
 	return r->expires_ns == 0 || bpf_ktime_get_boot_ns() < r->expires_ns;
 }
 

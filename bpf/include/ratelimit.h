@@ -163,7 +163,8 @@ static __always_inline void rl_charge(__u64 *tat, __u64 now, __u64 inc)
 }
 
 /* Writes the denylist entry of an auto-block: the source (or its IPv6
- * prefix) until now + block_ns, with the rule's reason as its comment. */
+ * prefix) until now + block_ns, with the rule's reason as its comment, and
+ * marked as monitor mode's while moat monitors. */
 static __always_inline void rl_block(const struct rl_src_key *k, struct rl_rule *r, __u64 now,
 				     struct rl_rule_stats *st)
 {
@@ -175,6 +176,8 @@ static __always_inline void rl_block(const struct rl_src_key *k, struct rl_rule 
 	struct comment_key ck = { .list = 1, .family = k->family, .prefixlen = k->prefixlen };
 	long err;
 
+	if (monitoring())
+		v.flags |= RULE_F_MONITOR;
 	__builtin_memcpy(ck.addr, k->addr, 16);
 	/* The summary bit before the entry: the filter skips the lookups of a
 	 * source whose bit is clear. */

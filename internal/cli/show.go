@@ -391,7 +391,7 @@ func newExportCmd(g *globals) *cobra.Command {
 			}
 			defer s.Close()
 			if format == "json" {
-				rs, err := s.Snapshot()
+				rs, err := s.Export()
 				if err != nil {
 					return err
 				}
@@ -408,9 +408,24 @@ func newExportCmd(g *globals) *cobra.Command {
 			// A plain list has no expiry: an entry whose time is up, which
 			// the filter ignores, would come back for good when the file is
 			// imported.
-			entries := slices.DeleteFunc(all, func(e shield.Entry) bool { return !e.Live() })
-			if n := len(all) - len(entries); n > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d expired entries left out\n", n)
+			// Nor an auto-block of monitor mode, which would be in force.
+			var expired, trial int
+			entries := slices.DeleteFunc(all, func(e shield.Entry) bool {
+				switch {
+				case !e.Live():
+					expired++
+				case e.Monitor:
+					trial++
+				default:
+					return false
+				}
+				return true
+			})
+			if expired > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d expired entries left out\n", expired)
+			}
+			if trial > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d auto-blocks of monitor mode left out\n", trial)
 			}
 			w := bufio.NewWriter(cmd.OutOrStdout())
 			fmt.Fprintf(w, "# moat %slist, %d entries, exported %s\n", list, len(entries), time.Now().UTC().Format(time.RFC3339))

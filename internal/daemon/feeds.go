@@ -288,7 +288,8 @@ func (d *Daemon) shared(list string, autoBlocks bool) (*rules.Ruleset, error) {
 				return err
 			}
 			for _, e := range have {
-				if e.Auto && e.Expires.After(now) {
+				// Not monitor mode's: a trial blocks nothing.
+				if e.Auto && !e.Monitor && e.Expires.After(now) {
 					t := e.Expires.UTC().Truncate(time.Second)
 					*dst = append(*dst, rules.PrefixEntry{Prefix: e.Prefix, Expires: &t, Comment: e.Comment})
 				}

@@ -592,8 +592,30 @@ func TestLimits(t *testing.T) {
 			t.Errorf("denylist monitored %d, want 95", m)
 		}
 		var v datapath.MoatPrefixRule
-		if err := f.coll.Maps[datapath.MoatMapDenyV4Hosts].Lookup(datapath.MoatHostV4{Addr: src4.As4()}, &v); err != nil {
+		hosts := f.coll.Maps[datapath.MoatMapDenyV4Hosts]
+		if err := hosts.Lookup(datapath.MoatHostV4{Addr: src4.As4()}, &v); err != nil {
 			t.Fatalf("no auto-block entry for %v: %v", src4, err)
+		}
+		if v.Flags != 7 { // RULE_F_COMMENT | RULE_F_AUTO | RULE_F_MONITOR
+			t.Errorf("auto-block flags %#x, want comment|auto|monitor", v.Flags)
+		}
+		// Monitor mode off: the trial's block is out of force at once.
+		// The source is still over its limit: the limit drops its next
+		// packet, and blocks it for real.
+		set.Monitor = 0
+		if err := settings.Put(uint32(0), set); err != nil {
+			t.Fatal(err)
+		}
+		denied := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST)
+		f.send(udp4(src4, 53), 1)
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_DENYLIST); d != denied {
+			t.Errorf("monitor mode's auto-block dropped a packet after monitor mode")
+		}
+		if d := f.dropsFor(datapath.MoatVerdictReasonREASON_RATELIMIT); d != 1 {
+			t.Errorf("rate-limit drops %d after monitor mode, want 1", d)
+		}
+		if err := hosts.Lookup(datapath.MoatHostV4{Addr: src4.As4()}, &v); err != nil || v.Flags != 3 {
+			t.Errorf("auto-block after monitor mode %+v (%v): want flags comment|auto", v, err)
 		}
 	})
 

@@ -224,8 +224,13 @@ func (s *Shield) apply(rs *rules.Ruleset, replaceLists [2]bool, replacePorts boo
 		if err != nil {
 			return res, err
 		}
-		if cur != *rs.Settings {
-			if err := s.SetSettings(*rs.Settings); err != nil {
+		// Monitor mode is this host's: a file from a host that enforces
+		// must not end a trial here, nor one from a host on trial start
+		// one.
+		want := *rs.Settings
+		want.Monitor = cur.Monitor
+		if cur != want {
+			if err := s.SetSettings(want); err != nil {
 				return res, err
 			}
 			res.Settings = true
@@ -255,7 +260,14 @@ func covers(ports []rules.PortEntry, spec rules.PortSpec) bool {
 }
 
 // Snapshot returns every rule and setting as a ruleset, with hit counts.
-func (s *Shield) Snapshot() (*rules.Ruleset, error) {
+// An auto-block of monitor mode has its comment marked so.
+func (s *Shield) Snapshot() (*rules.Ruleset, error) { return s.snapshot(false) }
+
+// Export is Snapshot without the auto-blocks of monitor mode: elsewhere
+// they would be in force.
+func (s *Shield) Export() (*rules.Ruleset, error) { return s.snapshot(true) }
+
+func (s *Shield) snapshot(export bool) (*rules.Ruleset, error) {
 	rs := &rules.Ruleset{Allow: []rules.PrefixEntry{}, Deny: []rules.PrefixEntry{}, Ports: []rules.PortEntry{}}
 	for _, x := range []struct {
 		l   List
@@ -266,7 +278,13 @@ func (s *Shield) Snapshot() (*rules.Ruleset, error) {
 			return nil, err
 		}
 		for _, e := range entries {
+			if e.Monitor && export {
+				continue
+			}
 			pe := rules.PrefixEntry{Prefix: e.Prefix, Comment: e.Comment, Hits: e.Hits}
+			if e.Monitor {
+				pe.Comment = "monitor mode: " + pe.Comment
+			}
 			if !e.Expires.IsZero() {
 				t := e.Expires.UTC().Truncate(time.Second)
 				pe.Expires = &t

@@ -72,3 +72,70 @@ func bootNs(t *testing.T) uint64 {
 	}
 	return uint64(ts.Nano())
 }
+
+// TestMonitorModeAutoBlocks: an auto-block written in monitor mode
+// (RULE_F_MONITOR) is listed as monitor mode's, left out of exports, and
+// deleted when monitor mode is turned off, while an auto-block written
+// when enforcing stays. An import leaves monitor mode as it is.
+func TestMonitorModeAutoBlocks(t *testing.T) {
+	s := openFresh(t)
+	if err := s.SetSettings(rules.Settings{Fragments: "pass", Malformed: "drop", Monitor: true}); err != nil {
+		t.Fatal(err)
+	}
+	trial, real := netip.MustParseAddr("198.51.100.9"), netip.MustParseAddr("198.51.100.10")
+	for _, b := range []struct {
+		addr  netip.Addr
+		flags uint32
+	}{{trial, 2 | 4}, {real, 2}} {
+		v := datapath.MoatPrefixRule{Prefixlen: 32, Flags: b.flags, ExpiresNs: bootNs(t) + 600e9}
+		if err := s.Map(datapath.MoatMapDenyV4Hosts).Put(datapath.MoatHostV4{Addr: b.addr.As4()}, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	denied := func(rs *rules.Ruleset, a netip.Addr) (string, bool) {
+		for _, e := range rs.Deny {
+			if e.Prefix == netip.PrefixFrom(a, 32) {
+				return e.Comment, true
+			}
+		}
+		return "", false
+	}
+	rs, err := s.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := denied(rs, trial); !ok || c != "monitor mode: " {
+		t.Errorf("listing: trial block %v, comment %q; want it listed as monitor mode's", ok, c)
+	}
+	ex, err := s.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := denied(ex, trial); ok {
+		t.Error("the export holds monitor mode's auto-block")
+	}
+	if _, ok := denied(ex, real); !ok {
+		t.Error("the export lacks the auto-block written when enforcing")
+	}
+
+	// An import from a host that enforces keeps this host on trial.
+	if _, err := s.Apply(&rules.Ruleset{Settings: &rules.Settings{Fragments: "drop", Malformed: "drop"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if set, err := s.Settings(); err != nil || !set.Monitor || set.Fragments != "drop" {
+		t.Fatalf("settings after an import %+v (%v): want fragments drop and monitor mode still on", set, err)
+	}
+
+	if err := s.SetSettings(rules.Settings{Fragments: "drop", Malformed: "drop"}); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err = s.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := denied(rs, trial); ok {
+		t.Error("monitor mode's auto-block outlived monitor mode")
+	}
+	if _, ok := denied(rs, real); !ok {
+		t.Error("turning monitor mode off took the auto-block written when enforcing")
+	}
+}

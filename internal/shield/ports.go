@@ -199,7 +199,18 @@ func (s *Shield) SetSettings(set rules.Settings) error {
 	if err := set.Validate(); err != nil {
 		return &UserError{err}
 	}
-	return s.writeSettings(set)
+	cur, err := s.Settings()
+	if err != nil {
+		return err
+	}
+	if err := s.writeSettings(set); err != nil {
+		return err
+	}
+	if cur.Monitor && !set.Monitor {
+		// The trial's auto-blocks: out of force from the write above.
+		return s.dropMonitorBlocks()
+	}
+	return nil
 }
 
 func (s *Shield) writeSettings(set rules.Settings) error {

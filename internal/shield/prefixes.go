@@ -38,6 +38,9 @@ type Entry struct {
 	Comment string
 	Hits    uint64
 	Auto    bool // written by the data path: a rate limit's auto-block
+	// Monitor: an auto-block written in monitor mode, in force only
+	// while moat monitors; it goes when monitor mode is turned off.
+	Monitor bool
 
 	expiresNs uint64 // the stored deadline, CLOCK_BOOTTIME
 }
@@ -944,7 +947,7 @@ func (s *Shield) Entries(l List) ([]Entry, error) {
 	now, bootNs := time.Now(), bootNow()
 	for i, r := range rs {
 		out[i] = Entry{Prefix: r.prefix, Hits: r.rule.Hits, Expires: wallDeadline(r.rule.ExpiresNs, now, bootNs),
-			Auto: r.rule.Flags&2 != 0, expiresNs: r.rule.ExpiresNs} // RULE_F_AUTO
+			Auto: r.rule.Flags&ruleFAuto != 0, Monitor: r.rule.Flags&ruleFMonitor != 0, expiresNs: r.rule.ExpiresNs}
 		if r.rule.Flags&1 != 0 {
 			out[i].Comment = comments[r.prefix]
 		}
@@ -1005,7 +1008,7 @@ func (s *Shield) Stored(l List, p netip.Prefix) (Entry, bool, error) {
 		return Entry{}, ok, err
 	}
 	return Entry{Prefix: p, Hits: v.Hits, Expires: wallDeadline(v.ExpiresNs, time.Now(), bootNow()),
-		Auto: v.Flags&2 != 0, expiresNs: v.ExpiresNs}, true, nil // RULE_F_AUTO
+		Auto: v.Flags&ruleFAuto != 0, Monitor: v.Flags&ruleFMonitor != 0, expiresNs: v.ExpiresNs}, true, nil
 }
 
 // ExpiredAutoBlocks lists the rate limits' auto-blocks (denylist entries
@@ -1024,7 +1027,7 @@ func (s *Shield) ExpiredAutoBlocks() (due []netip.Prefix, next time.Duration, er
 	var nextNs uint64
 	for _, r := range rs {
 		switch {
-		case r.rule.Flags&2 == 0 || r.rule.ExpiresNs == 0:
+		case r.rule.Flags&ruleFAuto == 0 || r.rule.ExpiresNs == 0:
 		case expired(r.rule.ExpiresNs, now):
 			stale = append(stale, r.prefix)
 		case nextNs == 0 || r.rule.ExpiresNs < nextNs:
@@ -1037,7 +1040,7 @@ func (s *Shield) ExpiredAutoBlocks() (due []netip.Prefix, next time.Duration, er
 		if err != nil {
 			return nil, 0, err
 		}
-		if ok && v.Flags&2 != 0 && expired(v.ExpiresNs, bootNow()) {
+		if ok && v.Flags&ruleFAuto != 0 && expired(v.ExpiresNs, bootNow()) {
 			due = append(due, p)
 		}
 	}
@@ -1045,6 +1048,32 @@ func (s *Shield) ExpiredAutoBlocks() (due []netip.Prefix, next time.Duration, er
 		next = max(time.Duration(nextNs-now), 1)
 	}
 	return due, next, nil
+}
+
+// Flags of a stored entry (RULE_F_* in bpf/include/moat_structs.h).
+const (
+	ruleFComment = 1 << iota
+	ruleFAuto
+	ruleFMonitor
+)
+
+// dropMonitorBlocks deletes the auto-blocks written in monitor mode: once
+// it ends the data path ignores them already.
+func (s *Shield) dropMonitorBlocks() error {
+	rs, err := s.readList(DenyList)
+	if err != nil {
+		return err
+	}
+	var gone []netip.Prefix
+	for _, r := range rs {
+		if r.rule.Flags&ruleFMonitor != 0 {
+			gone = append(gone, r.prefix)
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	return s.deletePrefixes(DenyList, gone)
 }
 
 // ExpireStale deletes entries whose time has passed. The data path already
