@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -164,12 +165,18 @@ func attachAll(cmd *cobra.Command, g *globals, ifaces []string, m shield.Mode) e
 	}
 	var attached []string // by this command: detached again on failure
 	done := map[string]shield.AttachResult{}
+	var warnings []string
 	for _, name := range append(fresh, replace...) {
 		res, err := s.Attach(name, m)
+		if ae := (*shield.AttachedError)(nil); errors.As(err, &ae) {
+			// Attached: what failed after is state the command did not
+			// make, and detaching would not mend it.
+			warnings = append(warnings, ae.Error())
+			err = nil
+		}
 		if err != nil {
 			if !res.Replaced && isPinned(s, name) {
-				// Attached, then a step after failed (the summary, the
-				// SYN slots).
+				// Pinned, then failed part way.
 				attached = append(attached, name)
 			}
 			return undoAttach(s, attached, err)
@@ -178,6 +185,9 @@ func attachAll(cmd *cobra.Command, g *globals, ifaces []string, m shield.Mode) e
 			attached = append(attached, name)
 		}
 		done[name] = res
+	}
+	for _, w := range warnings {
+		fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s\n", w)
 	}
 	for _, name := range ifaces {
 		res := done[name]
@@ -341,6 +351,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 			w.Flush()
 			fmt.Fprintf(cmd.OutOrStdout(), "rules: %d allow, %d deny, %d port\npolicy: fragments %s, malformed %s\n",
 				st.Rules.Allow, st.Rules.Deny, st.Rules.Ports, st.Settings.Fragments, st.Settings.Malformed)
+			if name, err := s.SettingsOlderFilter(); err == nil && name != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s runs an older moat's filter: the policy and monitor mode above do not reach it until `moat attach %s`\n", name, name)
+			}
 			if st.Settings.Monitor {
 				fmt.Fprintln(cmd.OutOrStdout(), "MONITOR MODE: nothing is dropped; what rules would drop passes and is counted as monitored (moat policy monitor off to enforce)")
 			}

@@ -64,6 +64,9 @@ func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "added %d to the %s%s\n", len(entries), l, replacedNote(replaced))
+			if l == shield.AllowList { // the families in use are settings
+				warnSettingsOlderFilter(cmd, s)
+			}
 			return nil
 		},
 	}
@@ -338,6 +341,7 @@ func newPolicyCmd(g *globals) *cobra.Command {
 				if err := s.SetSettings(set); err != nil {
 					return err
 				}
+				warnSettingsOlderFilter(cmd, s)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "fragments %s\nmalformed %s\nmonitor %s\n", set.Fragments, set.Malformed, onOff(set.Monitor))
 			return nil
@@ -378,5 +382,13 @@ func newExpireCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %d expired entries\n", n)
 			return nil
 		},
+	}
+}
+
+// warnSettingsOlderFilter warns when an interface runs a filter of an
+// older moat that does not read the settings written now.
+func warnSettingsOlderFilter(cmd *cobra.Command, s *shield.Shield) {
+	if name, err := s.SettingsOlderFilter(); err == nil && name != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s runs an older moat's filter, which does not see this change; run `moat attach %s` to load this version's\n", name, name)
 	}
 }

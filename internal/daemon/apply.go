@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -142,10 +143,16 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			d.log.Warn("the interface had lost moat's filter; attaching it again", "iface", i.Name)
 		}
 		res, err := s.Attach(i.Name, i.AttachMode())
+		if ae := (*shield.AttachedError)(nil); errors.As(err, &ae) {
+			// Attached; the state around it was not brought up to date
+			// (the summary, the SYN slots), which a detach would not
+			// mend either.
+			d.log.Warn(ae.Error())
+			err = nil
+		}
 		if err != nil {
 			if !res.Replaced && isPinned(s, i.Name) {
-				// Attached, then a step after failed (the summary,
-				// the SYN slots): detached again below.
+				// Attached, then failed part way: detached again below.
 				attached = append(attached, i.Name)
 			}
 			if res.Replaced || adopted {

@@ -139,8 +139,25 @@ func (s *Shield) Attach(name string, mode Mode) (AttachResult, error) {
 		return res, err
 	}
 	// The filter replaced may have been the last of an older moat.
-	return res, errors.Join(s.ensureSummary(), s.ensureSynSlots())
+	if err := errors.Join(s.ensureSummary(), s.ensureSynSlots()); err != nil {
+		return res, &AttachedError{Iface: name, Err: err}
+	}
+	return res, nil
 }
+
+// AttachedError is an error of Attach after the filter was attached: the
+// state around it (the deny summary, the SYN counters' slots) could not
+// be brought up to date. The interface is protected.
+type AttachedError struct {
+	Iface string
+	Err   error
+}
+
+func (e *AttachedError) Error() string {
+	return fmt.Sprintf("attached to %s, but: %s", e.Iface, strings.ReplaceAll(e.Err.Error(), "\n", "; "))
+}
+
+func (e *AttachedError) Unwrap() error { return e.Err }
 
 func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 	iface, err := net.InterfaceByName(name)

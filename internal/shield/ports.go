@@ -193,6 +193,15 @@ func (s *Shield) Settings() (rules.Settings, error) {
 
 func defaultSettings() rules.Settings { return rules.Settings{Fragments: "pass", Malformed: "drop"} }
 
+// SettingsOlderFilter names an interface whose filter reads the settings
+// map this one replaced (an older moat's, whose settings were shorter: see
+// carrySettings), or "" if none does: the policies, monitor mode and the
+// allowlist's families in use reach it only once `moat attach` replaces
+// it.
+func (s *Shield) SettingsOlderFilter() (string, error) {
+	return s.filterWithout(datapath.MoatMapSettings)
+}
+
 // SetSettings changes the policies and the monitor mode in one element
 // write.
 func (s *Shield) SetSettings(set rules.Settings) error {

@@ -590,3 +590,40 @@ func TestCountersOfAnOlderLayout(t *testing.T) {
 		t.Errorf("counters %+v: want 7 denylist drops of 700 bytes, nothing monitored", c)
 	}
 }
+
+// TestSettingsOlderFilterNamed: a filter loaded before the settings map was
+// replaced (by an Open over an older moat's settings) reads the old map;
+// SettingsOlderFilter names its interface until an attach replaces it.
+func TestSettingsOlderFilterNamed(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	if name, err := s.SettingsOlderFilter(); err != nil || name != "" {
+		t.Fatalf("SettingsOlderFilter %q, %v before any upgrade", name, err)
+	}
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 12, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	pinInstead(t, root, datapath.MoatMapSettings, older)
+	s.Close()
+
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if name, err := s.SettingsOlderFilter(); err != nil || name != a {
+		t.Errorf("SettingsOlderFilter %q, %v; want %s, whose filter reads the replaced map", name, err, a)
+	}
+	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
+		t.Fatal(err)
+	}
+	if name, err := s.SettingsOlderFilter(); err != nil || name != "" {
+		t.Errorf("SettingsOlderFilter %q, %v after the attach", name, err)
+	}
+}
