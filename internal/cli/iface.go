@@ -175,7 +175,7 @@ func attachAll(cmd *cobra.Command, g *globals, ifaces []string, m shield.Mode) e
 			err = nil
 		}
 		if err != nil {
-			if !res.Replaced && isPinned(s, name) {
+			if !res.Replaced && s.IsPinned(name) {
 				// Pinned, then failed part way.
 				attached = append(attached, name)
 			}
@@ -217,17 +217,6 @@ func undoAttach(s *shield.Shield, attached []string, err error) error {
 		return fmt.Errorf("%v; detaching again failed: %s", err, strings.Join(failed, ", "))
 	}
 	return err
-}
-
-// isPinned tells whether moat has pins for the interface name.
-func isPinned(s *shield.Shield, name string) bool {
-	pins, _ := shield.PinnedInterfaces(s.Root())
-	for _, p := range pins {
-		if p.Name == name {
-			return true
-		}
-	}
-	return false
 }
 
 // checkNames refuses an interface named twice: the second attach or detach

@@ -201,16 +201,8 @@ func newPortCmd(g *globals) *cobra.Command {
 				}
 			}
 			if verb != "remove" {
-				// Room for all of them, as the daemon checks: nothing
-				// changes if one would not fit.
-				want := make([]rules.PortEntry, 0, len(existing)+len(specs))
-				for _, r := range existing {
-					want = append(want, rules.PortEntry{Spec: r.Spec, Action: r.Action})
-				}
-				for _, spec := range specs {
-					want = append(want, rules.PortEntry{Spec: spec, Action: action})
-				}
-				if err := s.CheckPortRules(want); err != nil {
+				// Room for all of them, as the daemon checks.
+				if err := s.CheckRoomFor(specs, action); err != nil {
 					return err
 				}
 			}

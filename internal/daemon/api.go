@@ -435,16 +435,7 @@ func (d *Daemon) ChangePorts(req PortRequest) (int, error) {
 			}
 		}
 		if !remove {
-			// Room for all of them first: nothing changes if one would
-			// not fit.
-			want := make([]rules.PortEntry, 0, len(existing)+len(specs))
-			for _, r := range existing {
-				want = append(want, rules.PortEntry{Spec: r.Spec, Action: r.Action})
-			}
-			for _, spec := range specs {
-				want = append(want, rules.PortEntry{Spec: spec, Action: action})
-			}
-			if err := s.CheckPortRules(want); err != nil {
+			if err := s.CheckRoomFor(specs, action); err != nil { // before the first write
 				return err
 			}
 		}

@@ -151,7 +151,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			err = nil
 		}
 		if err != nil {
-			if !res.Replaced && isPinned(s, i.Name) {
+			if !res.Replaced && s.IsPinned(i.Name) {
 				// Attached, then failed part way: detached again below.
 				attached = append(attached, i.Name)
 			}
@@ -229,17 +229,6 @@ func liveAttachments(s *shield.Shield) (map[string]bool, error) {
 		}
 	}
 	return live, nil
-}
-
-// isPinned tells whether moat has pins for the interface name.
-func isPinned(s *shield.Shield, name string) bool {
-	pins, _ := shield.PinnedInterfaces(s.Root())
-	for _, p := range pins {
-		if p.Name == name {
-			return true
-		}
-	}
-	return false
 }
 
 // applyLimits makes the rate limits the config's. Limits whose kind and

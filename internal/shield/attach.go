@@ -375,6 +375,12 @@ func (s *Shield) detach(name string) error {
 	return os.RemoveAll(dir)
 }
 
+// IsPinned tells whether moat has pins for the interface name.
+func (s *Shield) IsPinned(name string) bool {
+	_, err := os.Stat(s.ifaceDir(name))
+	return err == nil
+}
+
 // attachedNames lists the interfaces moat has pins for.
 func (s *Shield) attachedNames() ([]string, error) {
 	pins, err := PinnedInterfaces(s.root)

@@ -328,6 +328,23 @@ func (s *Shield) SetPortRules(want []rules.PortEntry) (int, error) {
 	return changes, nil
 }
 
+// CheckRoomFor refuses port rules to add, all with one action, that would
+// not fit beside those held: nothing changes if one would not.
+func (s *Shield) CheckRoomFor(specs []rules.PortSpec, action rules.Action) error {
+	cur, err := s.PortRules()
+	if err != nil {
+		return err
+	}
+	want := make([]rules.PortEntry, 0, len(cur)+len(specs))
+	for _, r := range cur {
+		want = append(want, rules.PortEntry{Spec: r.Spec, Action: r.Action})
+	}
+	for _, spec := range specs {
+		want = append(want, rules.PortEntry{Spec: spec, Action: action})
+	}
+	return s.checkPortRules(cur, want)
+}
+
 // CheckPortRules refuses, with the error SetPortRules would return part
 // way, a set of port rules that SetPortRules could not put in place: for
 // callers that must know before they write anything else.
