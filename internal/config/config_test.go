@@ -346,13 +346,7 @@ func TestSYNThreshold(t *testing.T) {
 // file, is refused at the line that names it.
 func TestListFilesTheConfigRefuses(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, text string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name, text string) string { return writeIn(t, dir, name, text) }
 	fifo := filepath.Join(dir, "fifo.netset")
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
@@ -425,13 +419,7 @@ func selfSignedPEM(t *testing.T) string {
 // LoadFileOnly, for a file meant for another host, leave them out.
 func TestFeedFilesOnThisHost(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, text string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name, text string) string { return writeIn(t, dir, name, text) }
 	goodCA := write("ca.pem", selfSignedPEM(t))
 	token := write("feed.token", "t\n")
 	badCA := write("bad.pem", "not a certificate\n")
@@ -458,4 +446,14 @@ func TestFeedFilesOnThisHost(t *testing.T) {
 	if _, _, err := Load(path); err != nil {
 		t.Fatalf("Load with a good CA and token: %v", err)
 	}
+}
+
+// writeIn writes a file of the test's in dir and returns its path.
+func writeIn(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

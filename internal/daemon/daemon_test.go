@@ -1152,31 +1152,6 @@ func TestSynProtectNotesOptionsTurnedOff(t *testing.T) {
 func TestStartRotatesStaleKeys(t *testing.T) {
 	e := newEnv(t)
 	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\nsyn:\n  rotate_every: 1m\n  ports:\n    - port: 443\n      mode: always\n", e.attackerIf()))
-	keys := func(age time.Duration) syncookie.KeyStatus {
-		t.Helper()
-		s, err := shield.Open(e.root)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		rotation := s.Map(datapath.MoatMapSynRotation)
-		if age > 0 {
-			var st datapath.MoatSynKeyState
-			if err := rotation.Lookup(uint32(0), &st); err != nil {
-				t.Fatal(err)
-			}
-			st.RotatedNs -= uint64(age)
-			if err := rotation.Update(uint32(0), &st, ebpf.UpdateExist); err != nil {
-				t.Fatal(err)
-			}
-		}
-		ks, err := syncookie.Keys(rotation, s.Map(datapath.MoatMapSynSettings))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ks
-	}
-
 	e.start()
 	e.stop(syscall.SIGTERM)
 	for _, tc := range []struct {
@@ -1187,9 +1162,9 @@ func TestStartRotatesStaleKeys(t *testing.T) {
 		{70 * time.Second, true}, // due
 		{0, false},               // rotated a moment ago
 	} {
-		before := keys(tc.age)
+		before := e.keys(tc.age)
 		e.start()
-		after := keys(0)
+		after := e.keys(0)
 		e.stop(syscall.SIGTERM)
 		want := before.Rotations
 		if tc.rotates {
@@ -1519,27 +1494,14 @@ func TestReloadThroughTheAPIChangesPeriods(t *testing.T) {
 	body := "interfaces:\n  - name: %s\nsyn:\n  rotate_every: %s\n  ports:\n    - port: 443\n      mode: always\n"
 	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "10m"))
 	e.start()
-	keys := func() syncookie.KeyStatus {
-		t.Helper()
-		s, err := shield.Open(e.root)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		ks, err := syncookie.Keys(s.Map(datapath.MoatMapSynRotation), s.Map(datapath.MoatMapSynSettings))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ks
-	}
-	before := keys()
+	before := e.keys(0)
 	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "2s"))
 	e.mustMoat("reload")
-	if k := keys(); k.Rotations != before.Rotations+1 || k.Stale {
+	if k := e.keys(0); k.Rotations != before.Rotations+1 || k.Stale {
 		t.Fatalf("after the reload to 2s: %d rotations (stale %v), want %d and fresh", k.Rotations, k.Stale, before.Rotations+1)
 	}
 	time.Sleep(4500 * time.Millisecond)
-	if k := keys(); k.Rotations < before.Rotations+3 || k.Stale {
+	if k := e.keys(0); k.Rotations < before.Rotations+3 || k.Stale {
 		t.Errorf("4.5s after the reload to 2s: %d rotations (stale %v), want at least %d", k.Rotations, k.Stale, before.Rotations+3)
 	}
 
@@ -1600,4 +1562,31 @@ func TestReloadRefusesAPortOverlap(t *testing.T) {
 	if b, err := os.ReadFile(e.stateFile); err != nil || strings.Contains(string(b), "udp/40") {
 		t.Errorf("state file after the config took udp/40 (%v):\n%s", err, b)
 	}
+}
+
+// keys reads the SYN cookie keys' status from the pins, after making the
+// last rotation age older (0: as it is).
+func (e *env) keys(age time.Duration) syncookie.KeyStatus {
+	e.t.Helper()
+	s, err := shield.Open(e.root)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer s.Close()
+	rotation := s.Map(datapath.MoatMapSynRotation)
+	if age > 0 {
+		var st datapath.MoatSynKeyState
+		if err := rotation.Lookup(uint32(0), &st); err != nil {
+			e.t.Fatal(err)
+		}
+		st.RotatedNs -= uint64(age)
+		if err := rotation.Update(uint32(0), &st, ebpf.UpdateExist); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	ks, err := syncookie.Keys(rotation, s.Map(datapath.MoatMapSynSettings))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ks
 }

@@ -404,6 +404,9 @@ func prefixCases() []filterCase {
 			hits:  []hit{{d, "::/0", false, 1}}},
 		{name: "every v6 length expired, nothing live", pkt: tcp6(80), verdict: xdpPass, reason: rPass,
 			setup: expiredLengths(d, "2001:db8:1:2::3", 0, 128)},
+		{name: "every v6 length expired in the allowlist, allow /16 live", pkt: tcp6(80), verdict: xdpPass, reason: rAllow,
+			setup: both(expiredLengths(a, "2001:db8:1:2::3", 17, 128), func(f *fixture) { f.allow("2001::/16"); f.deny("2001:db8::/32") }),
+			hits:  []hit{{a, "2001::/16", false, 1}, {d, "2001:db8::/32", false, 0}}},
 		{name: "four expired allow prefixes over live allow /8", pkt: tcp4(80), verdict: xdpPass, reason: rAllow,
 			setup: both(expiredChain(a, "10.1.2.0/28", "10.1.2.0/24", "10.1.0.0/20", "10.1.0.0/16"), func(f *fixture) { f.allow("10.0.0.0/8"); f.deny("10.0.0.0/8") }),
 			hits:  []hit{{a, "10.0.0.0/8", false, 1}, {a, "10.1.0.0/16", false, 0}, {d, "10.0.0.0/8", false, 0}}},
@@ -588,5 +591,53 @@ func TestCountersAccumulate(t *testing.T) {
 	}
 	if h := f.hits(denyList, "10.0.0.0/8", false); h != 5 {
 		t.Errorf("hits %d, want 5", h)
+	}
+}
+
+// TestMonitorModeEntries: an auto-block written in monitor mode
+// (RULE_F_MONITOR) is in force only while moat monitors. Out of it, the
+// lookup goes on past the entry as past an expired one: to a live prefix
+// that covers it, in the host map and in the trie walk alike.
+func TestMonitorModeEntries(t *testing.T) {
+	const auto, trial = 2, 4 // RULE_F_AUTO, RULE_F_MONITOR
+	f := newFixture(t)
+	flagged := func(prefix string) func(*fixture) {
+		return func(f *fixture) { f.addFlags(denyList, prefix, auto|trial) }
+	}
+	for _, c := range []struct {
+		name    string
+		pkt     []byte
+		setup   func(*fixture)
+		monitor bool
+		verdict uint32
+		slot    uint32
+		hit     hit
+	}{
+		{"host, monitoring", tcp4(80), flagged("10.1.2.3/32"), true, xdpPass, monitoredSlot(rDeny), hit{denyList, "10.1.2.3/32", false, 1}},
+		{"host, enforcing", tcp4(80), flagged("10.1.2.3/32"), false, xdpPass, uint32(rPass) * 2, hit{denyList, "10.1.2.3/32", false, 0}},
+		{"host over a live /8, enforcing", tcp4(80), both(flagged("10.1.2.3/32"), func(f *fixture) { f.deny("10.0.0.0/8") }),
+			false, xdpDrop, uint32(rDeny)*2 + 1, hit{denyList, "10.0.0.0/8", false, 1}},
+		{"v6 /64 over a live /32, enforcing", tcp6(80), both(flagged("2001:db8:1:2::/64"), func(f *fixture) { f.deny("2001:db8::/32") }),
+			false, xdpDrop, uint32(rDeny)*2 + 1, hit{denyList, "2001:db8::/32", false, 1}},
+		{"v6 /56 and /64 over nothing, enforcing", tcp6(80), both(flagged("2001:db8:1:2::/64"), flagged("2001:db8:1::/56")),
+			false, xdpPass, uint32(rPass) * 2, hit{denyList, "2001:db8:1::/56", false, 0}},
+		{"v6 /64, monitoring", tcp6(80), flagged("2001:db8:1:2::/64"), true, xdpPass, monitoredSlot(rDeny), hit{denyList, "2001:db8:1:2::/64", false, 1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f.tb = t
+			f.reset()
+			c.setup(f)
+			f.setMonitor(c.monitor)
+			if got := f.run(c.pkt); got != c.verdict {
+				t.Errorf("verdict %s, want %s", verdictName(got), verdictName(c.verdict))
+			}
+			want := MoatVerdictCounter{Packets: 1, Bytes: uint64(len(c.pkt))}
+			if slots := f.countedSlots(); len(slots) != 1 || slots[c.slot] != want {
+				t.Errorf("counters %v, want only slot %d = %+v", slots, c.slot, want)
+			}
+			if n := f.hits(c.hit.list, c.hit.prefix, c.hit.trie); n != c.hit.n {
+				t.Errorf("hits of %s = %d, want %d", c.hit.prefix, n, c.hit.n)
+			}
+		})
 	}
 }

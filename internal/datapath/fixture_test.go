@@ -230,6 +230,22 @@ func (f *fixture) addNet(l list, p netip.Prefix, expires uint64) {
 	}
 }
 
+// addFlags puts a live entry with flags (RULE_F_*) where add would.
+func (f *fixture) addFlags(l list, prefix string, flags uint32) {
+	f.tb.Helper()
+	p := netip.MustParsePrefix(prefix)
+	f.markAllow(l, p)
+	f.markDeny(l, p)
+	hosts, nets := f.maps(l, p.Addr().Is6())
+	m, k := nets, netKey(p)
+	if isHost(p) {
+		m, k = hosts, hostKey(p.Addr())
+	}
+	if err := m.Put(k, MoatPrefixRule{Prefixlen: uint32(p.Bits()), Flags: flags}); err != nil {
+		f.tb.Fatalf("put %v: %v", p, err)
+	}
+}
+
 // hits returns the hit counter of the rule for prefix, looked up where add
 // put it (inTrie forces the trie for a full-length prefix).
 func (f *fixture) hits(l list, prefix string, inTrie bool) uint64 {
