@@ -1,10 +1,15 @@
 package cli_test
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
+
+	"github.com/moat-shield/moat/internal/shield"
 )
 
 // addBridge makes a bridge in the lab's server namespace: an interface
@@ -99,4 +104,61 @@ func TestLabAttachAllOrNothing(t *testing.T) {
 		}
 		sl.mustMoat("detach", toAttacker)
 	})
+}
+
+// TestLabAttachWarnsAfterAttaching: when the state around the filters
+// cannot be brought up to date after an interface is attached or detached
+// (here the SYN counters' slots: something that is not a map is pinned
+// where an older moat kept its SYN counters), moat attach keeps the filter
+// and moat detach removes it; each says what failed in a warning and
+// exits 0. The filter attached judges packets.
+func TestLabAttachWarnsAfterAttaching(t *testing.T) {
+	t.Parallel()
+	sl := newShieldLab(t)
+	toClient, _ := sl.ifaces()
+	s, err := shield.Open(sl.root) // the root and its maps
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.XDP,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	if err := prog.Pin(filepath.Join(sl.root, "maps", "syn_stats")); err != nil {
+		t.Fatal(err)
+	}
+
+	r := sl.moat("attach", toClient)
+	if r.code != 0 {
+		t.Fatalf("attach failed after the filter was attached:\n%v", r)
+	}
+	want := "moat: warning: attached to " + toClient + ", but: open syn_stats"
+	if !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr does not warn %q:\n%s", want, r.stderr)
+	}
+	if !sl.xdpAttached(toClient) {
+		t.Fatalf("%s lost its filter", toClient)
+	}
+	// The filter is moat's and judges: a denied client is refused.
+	sl.expectConnect(sl.lab.Client, false)
+	sl.mustMoat("block", sl.clientV4().String())
+	sl.expectNoConnect(sl.lab.Client, false)
+	// So does moat detach: the interface is detached all the same.
+	r = sl.moat("detach", toClient)
+	if r.code != 0 {
+		t.Fatalf("detach failed after the filter was detached:\n%v", r)
+	}
+	want = "moat: warning: detached from " + toClient + ", but: open syn_stats"
+	if !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr does not warn %q:\n%s", want, r.stderr)
+	}
+	if sl.xdpAttached(toClient) {
+		t.Errorf("%s kept its filter", toClient)
+	}
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -109,8 +108,12 @@ func newDetachCmd(g *globals) *cobra.Command {
 				}
 			}
 			for _, name := range ifaces {
-				if err := s.Detach(name); err != nil {
+				warning, err := shield.FollowUp(s.Detach(name))
+				if err != nil {
 					return err
+				}
+				if warning != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s\n", warning)
 				}
 				delete(attached, name)
 				fmt.Fprintf(cmd.OutOrStdout(), "detached from %s\n", name)
@@ -168,11 +171,11 @@ func attachAll(cmd *cobra.Command, g *globals, ifaces []string, m shield.Mode) e
 	var warnings []string
 	for _, name := range append(fresh, replace...) {
 		res, err := s.Attach(name, m)
-		if ae := (*shield.AttachedError)(nil); errors.As(err, &ae) {
-			// Attached: what failed after is state the command did not
-			// make, and detaching would not mend it.
-			warnings = append(warnings, ae.Error())
-			err = nil
+		// Attached, with a warning: what failed after is state the command
+		// did not make, and detaching would not mend it.
+		warning, err := shield.FollowUp(err)
+		if warning != "" {
+			warnings = append(warnings, warning)
 		}
 		if err != nil {
 			if !res.Replaced && s.IsPinned(name) {
@@ -209,7 +212,7 @@ func attachAll(cmd *cobra.Command, g *globals, ifaces []string, m shield.Mode) e
 func undoAttach(s *shield.Shield, attached []string, err error) error {
 	var failed []string
 	for _, name := range attached {
-		if derr := s.Detach(name); derr != nil {
+		if _, derr := shield.FollowUp(s.Detach(name)); derr != nil {
 			failed = append(failed, fmt.Sprintf("%s (%v)", name, derr))
 		}
 	}

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -114,7 +113,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 		ch.Attached = nil
 		var failed []string
 		for _, name := range attached {
-			if derr := s.Detach(name); derr != nil {
+			if _, derr := shield.FollowUp(s.Detach(name)); derr != nil {
 				// Still attached: the change reports it, and the others
 				// are detached all the same.
 				d.log.Error("detaching again failed", "iface", name, "err", derr)
@@ -143,12 +142,12 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			d.log.Warn("the interface had lost moat's filter; attaching it again", "iface", i.Name)
 		}
 		res, err := s.Attach(i.Name, i.AttachMode())
-		if ae := (*shield.AttachedError)(nil); errors.As(err, &ae) {
-			// Attached; the state around it was not brought up to date
-			// (the summary, the SYN slots), which a detach would not
-			// mend either.
-			d.log.Warn(ae.Error())
-			err = nil
+		// Attached, with a warning: the state around it was not brought
+		// up to date (the summary, the SYN slots), which a detach would
+		// not mend either.
+		warning, err := shield.FollowUp(err)
+		if warning != "" {
+			d.log.Warn(warning)
 		}
 		if err != nil {
 			if !res.Replaced && s.IsPinned(i.Name) {
@@ -190,8 +189,12 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 	}
 	for name := range oldIfaces {
 		if !keep[name] {
-			if err := s.Detach(name); err != nil {
+			warning, err := shield.FollowUp(s.Detach(name))
+			if err != nil {
 				return ch, err
+			}
+			if warning != "" {
+				d.log.Warn(warning)
 			}
 			d.log.Info("detached", "iface", name)
 			ch.Detached = append(ch.Detached, name)

@@ -140,24 +140,35 @@ func (s *Shield) Attach(name string, mode Mode) (AttachResult, error) {
 	}
 	// The filter replaced may have been the last of an older moat.
 	if err := errors.Join(s.ensureSummary(), s.ensureSynSlots()); err != nil {
-		return res, &AttachedError{Iface: name, Err: err}
+		return res, &FollowUpError{Done: "attached to", Iface: name, Err: err}
 	}
 	return res, nil
 }
 
-// AttachedError is an error of Attach after the filter was attached: the
-// state around it (the deny summary, the SYN counters' slots) could not
-// be brought up to date. The interface is protected.
-type AttachedError struct {
+// FollowUpError is an error of Attach or Detach after the interface was
+// attached or detached: the state around the filters (the deny summary,
+// the SYN counters' slots) could not be brought up to date. What was
+// asked of the interface is done, and undoing it would not mend the rest.
+type FollowUpError struct {
+	Done  string // "attached to" or "detached from"
 	Iface string
 	Err   error
 }
 
-func (e *AttachedError) Error() string {
-	return fmt.Sprintf("attached to %s, but: %s", e.Iface, strings.ReplaceAll(e.Err.Error(), "\n", "; "))
+func (e *FollowUpError) Error() string {
+	return fmt.Sprintf("%s %s, but: %s", e.Done, e.Iface, strings.ReplaceAll(e.Err.Error(), "\n", "; "))
 }
 
-func (e *AttachedError) Unwrap() error { return e.Err }
+func (e *FollowUpError) Unwrap() error { return e.Err }
+
+// FollowUp splits err into the warning of a FollowUpError, and what is
+// left of err: nil when it was one.
+func FollowUp(err error) (warning string, rest error) {
+	if fe := (*FollowUpError)(nil); errors.As(err, &fe) {
+		return fe.Error(), nil
+	}
+	return "", err
+}
 
 func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 	iface, err := net.InterfaceByName(name)
@@ -362,7 +373,10 @@ func (s *Shield) Detach(name string) error {
 	if _, err := os.Stat(s.root); err != nil {
 		return nil // the last detach removed the state
 	}
-	return errors.Join(s.ensureSummary(), s.ensureSynSlots())
+	if err := errors.Join(s.ensureSummary(), s.ensureSynSlots()); err != nil {
+		return &FollowUpError{Done: "detached from", Iface: name, Err: err}
+	}
+	return nil
 }
 
 func (s *Shield) detach(name string) error {
