@@ -151,6 +151,15 @@ static __always_inline __u16 l3_end_of(__u32 end)
 	return end > 0xffff ? 0xffff : end;
 }
 
+/* What is left of a frame from an IP header on (room), as the length of
+ * a datagram whose header gives none: capped where packet.l3_end
+ * saturates (a frame in generic mode may go on past it; what lies there
+ * is never read). */
+static __always_inline __u32 frame_rest(__u64 room)
+{
+	return room > 0xffff ? 0xffff : room;
+}
+
 /* paged (a constant at every call): the packet may go on past c->end, in
  * page fragments of an skb that the program cannot read directly, so the
  * length the IP header declares is not held against c->end. The headers
@@ -178,7 +187,12 @@ static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *
 	__builtin_memcpy(p->daddr, &iph->daddr, 4);
 	p->addr_ok = 1;
 
+	/* Total length 0: BIG TCP's GRO builds such datagrams past 64 KiB in
+	 * generic mode, and the stack takes their length from the skb. From
+	 * the wire it drops them; moat judges them as any other. */
 	tot_len = bpf_ntohs(iph->tot_len);
+	if (!paged && tot_len == 0)
+		tot_len = frame_rest(c->end - (void *)iph);
 	if (tot_len < hdr_len || (!paged && c->pos + tot_len > c->end))
 		return PARSE_MALFORMED;
 	*l4proto = iph->protocol;
@@ -199,6 +213,19 @@ static __always_inline int parse_ipv4(struct cursor *c, struct packet *p, __u8 *
 	return PARSE_OK;
 }
 
+/* The payload length of an IPv6 packet whose header gives 0, as the stack
+ * takes it: with a hop-by-hop header next, a jumbogram (RFC 2675; BIG
+ * TCP's GRO builds them in generic mode), which the stack does not trim,
+ * jumbo option or not: the rest of the frame (room), as frame_rest caps
+ * it. Otherwise none. A global function: the verifier does not see into
+ * its result (parse_ipv6). */
+__attribute__((noinline)) __u32 ipv6_jumbo_len(__u32 nexthdr, __u64 room)
+{
+	if (nexthdr != IPPROTO_HOPOPTS)
+		return 0;
+	return frame_rest(room);
+}
+
 static __always_inline int is_ipv6_ext(__u8 nexthdr)
 {
 	return nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING ||
@@ -210,6 +237,7 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 				      const int paged)
 {
 	struct ipv6hdr *ip6h = c->pos;
+	__u32 plen;
 	__u8 nexthdr;
 	int i;
 
@@ -231,10 +259,17 @@ static __always_inline int parse_ipv6(struct cursor *c, struct packet *p, __u8 *
 	__builtin_memcpy(p->saddr, &ip6h->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip6h->daddr, 16);
 	p->addr_ok = 1;
-	if (!paged && (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len) > c->end)
+	plen = bpf_ntohs(ip6h->payload_len);
+	/* Laid out for the verifier, which walks the path of a branch before
+	 * the jump: the call's result, any length, then covers every length
+	 * of the other path, which it prunes there. Inline, the two would be
+	 * walked apart through the rest of the program. */
+	if (!paged && __builtin_expect(plen == 0, 1))
+		plen = ipv6_jumbo_len(ip6h->nexthdr, c->end - (void *)(ip6h + 1)) & 0xffff;
+	if (!paged && (void *)(ip6h + 1) + plen > c->end)
 		return PARSE_MALFORMED;
-	c->l3_end = (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len);
-	p->l3_end = l3_end_of((__u32)p->l3_off + sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len));
+	c->l3_end = (void *)(ip6h + 1) + plen;
+	p->l3_end = l3_end_of((__u32)p->l3_off + sizeof(*ip6h) + plen);
 	c->pos = ip6h + 1;
 	nexthdr = ip6h->nexthdr;
 

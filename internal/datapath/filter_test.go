@@ -133,6 +133,28 @@ func udpLengthZero(frame []byte) []byte {
 	frame[l4+4], frame[l4+5] = 0, 0
 	return frame
 }
+// jumbogram is an untagged IPv6 frame with a hop-by-hop header, with or
+// without the jumbo option, and a payload length of 0 (RFC 2675).
+func jumbogram(l4 testpkt.Transport, option bool) []byte {
+	var hbh testpkt.HopByHop
+	if option {
+		hbh.Options = []testpkt.IPv6TLV{{Type: 0xc2, Data: []byte{0, 1, 0, 0}}}
+	}
+	return payloadLengthZero(testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, Ext: []testpkt.IPv6Ext{hbh}}, L4: l4}.Bytes())
+}
+
+// payloadLengthZero sets the IPv6 payload length of an untagged frame to 0.
+func payloadLengthZero(frame []byte) []byte {
+	frame[14+4], frame[14+5] = 0, 0
+	return frame
+}
+
+// totalLengthZero sets the IPv4 total length of an untagged frame to 0.
+func totalLengthZero(frame []byte) []byte {
+	frame[14+2], frame[14+3] = 0, 0
+	return frame
+}
+
 func fragDropPolicy(f *fixture) { f.setPolicy(fragDrop, malformedDrop) }
 func malformedPassPolicy(f *fixture) {
 	f.setPolicy(fragPass, malformedPass)
@@ -211,6 +233,23 @@ func filterCases() []filterCase {
 		// stack delivers it, so its ports are judged.
 		drop("udp6 length 0, malformed pass", udpLengthZero(udp6(53)), rPortDrop, both(dropUDP53, malformedPassPolicy)),
 		drop("udp4 length 0", udpLengthZero(udp4(53)), rMalformed, dropUDP53),
+		// Payload length 0 before a hop-by-hop header is a jumbogram (RFC
+		// 2675; BIG TCP builds them): the stack does not trim it, jumbo
+		// option or not, and takes what the frame holds, so its ports are
+		// judged.
+		drop("ipv6 jumbogram udp, malformed pass", jumbogram(testpkt.UDP{SrcPort: 5353, DstPort: 53, Payload: []byte("data")}, false),
+			rPortDrop, both(dropUDP53, malformedPassPolicy)),
+		drop("ipv6 jumbogram syn with the jumbo option, malformed pass", jumbogram(testpkt.TCP{SYN: true, SrcPort: 40000, DstPort: 22}, true),
+			rPortDrop, both(dropTCP22, malformedPassPolicy)),
+		pass("ipv6 jumbogram udp", jumbogram(testpkt.UDP{SrcPort: 5353, DstPort: 9, Payload: []byte("data")}, true), rPass, dropUDP53),
+		drop("ipv6 jumbogram udp from a denied source", jumbogram(testpkt.UDP{SrcPort: 5353, DstPort: 9, Payload: []byte("data")}, false), rDeny, denySrc),
+		// Without hop-by-hop, the stack trims it to the fixed header.
+		drop("ipv6 payload length 0", payloadLengthZero(udp6(9)), rMalformed, nil),
+		// IPv4 total length 0: GRO's aggregates past 64 KiB (BIG TCP), in
+		// generic mode; the stack takes their length from the skb, and
+		// drops such a frame from the wire. Judged by what it holds.
+		drop("ipv4 total length 0, malformed pass", totalLengthZero(udp4(53)), rPortDrop, both(dropUDP53, malformedPassPolicy)),
+		pass("ipv4 total length 0", totalLengthZero(tcp4(80)), rPass, dropTCP22),
 		// A first fragment whose extension chain breaks off goes on in
 		// the next fragment, where the stack finds the ports.
 		drop("ipv6 first fragment, chain cut, malformed pass", testpkt.Frame{Net: testpkt.IPv6{Src: src6, Dst: dst6, PayloadLength: 16,

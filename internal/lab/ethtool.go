@@ -69,3 +69,19 @@ func setEthtoolFlag(ifname string, getCmd, setCmd uint32, on bool) error {
 	}
 	return nil
 }
+
+// OffloadSegmentation turns tx checksum offload and TSO on for one of h's
+// interfaces, where the lab turns checksum offload off for the client and
+// attacker: h's TCP then leaves in aggregates up to the interface's GSO
+// size, which a veth hands over whole.
+func (h *Host) OffloadSegmentation(iface string) error {
+	return h.Do(func() error {
+		if err := setEthtoolFlag(iface, unix.ETHTOOL_GTXCSUM, unix.ETHTOOL_STXCSUM, true); err != nil {
+			return fmt.Errorf("lab: tx checksum on %s in %s: %w", iface, h.Name, err)
+		}
+		if err := setEthtoolFlag(iface, unix.ETHTOOL_GTSO, unix.ETHTOOL_STSO, true); err != nil {
+			return fmt.Errorf("lab: tso on %s in %s: %w", iface, h.Name, err)
+		}
+		return nil
+	})
+}
