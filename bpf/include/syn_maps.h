@@ -62,4 +62,14 @@ struct {
 	__type(value, struct syn_census_table);
 } syn_census SEC(".maps");
 
+/* Handshakes just validated, by the low bits of their census slot
+ * (struct syn_recent). A collision overwrites: the segments behind the
+ * older handshake are then judged as before, one by one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SYN_RECENT_SLOTS);
+	__type(key, __u32);
+	__type(value, struct syn_recent);
+} syn_recent SEC(".maps");
+
 #endif /* MOAT_SYN_MAPS_H */

@@ -135,7 +135,11 @@ struct syn_port_stats {
 	__u64 local_jiffies;
 	__u8 local_family;
 	__u8 local;
-	__u16 local_pad;
+	/* The receive space the listener syn_sock_state last found offers
+	 * a handshake (below, with it), at most 65535: its receive buffer's
+	 * window, or its window clamp if lower. Rounded down to the MSS, it
+	 * is the SYN-ACK's window, as the kernel's would be. */
+	__u16 listener_space;
 	__u32 local_ifindex;
 	/* The listener syn_sock_state last found on this CPU, in the jiffy
 	 * and on the device of net_jiffies and net_ifindex: the family and
@@ -146,7 +150,9 @@ struct syn_port_stats {
 	__u8 listener_addr[16];
 	__u8 listener_family;
 	__u8 listener_wild;
-	__u8 pad[2];
+	/* The MSS that listener announces on this device: the device's MTU
+	 * less the IP and TCP headers, or the listener's TCP_MAXSEG if lower. */
+	__u16 listener_mss;
 	/* The first census generation whose pass saw this port protected
 	 * (syn_census.generation + 1 when the control plane cleared the
 	 * slot): until the census floor reaches it, the port's sockets may
@@ -218,6 +224,49 @@ struct syn_census_table {
 	__u64 passes;          /* complete passes */
 	__u32 marks[SYN_CENSUS_SLOTS];
 };
+
+/* A cookie handshake whose third ACK (moat's cookie or the kernel's) was
+ * just found valid, kept in syn_recent at a slot of its tuple (the census
+ * slot's low SYN_RECENT_BITS bits).
+ *
+ * A client sends its first data right behind that ACK (a request, the
+ * second segment of a ClientHello that post-quantum key shares make
+ * longer than one), and a NIC hands such a run of frames over in one poll:
+ * XDP judges all of them, and tc sees all of them, before the stack has
+ * made the socket from the ACK. A segment behind the first carries no
+ * cookie moat can check (its sequence number is past the client's ISN);
+ * the first data segment carries the same one as the ACK. So XDP lets a
+ * segment of the tuple through that acknowledges the cookie just
+ * validated, from within a window of the sequence number that validated
+ * it, and tc hands the stack one request socket per handshake (a second
+ * one for the same tuple would be refused, and its segment with it). Only
+ * who saw the SYN-ACK knows the cookie, and the entry holds the whole
+ * tuple: a forged ACK matches no entry. */
+struct syn_recent {
+	__u8 saddr[16];   /* the client's address, as struct packet holds it */
+	__u8 daddr[16];
+	__u16 sport;      /* host order */
+	__u16 dport;
+	__be32 ack_seq;   /* the validated ACK's acknowledgement number: the cookie + 1 */
+	__u32 seq;        /* its sequence number: the client's ISN + 1 */
+	__u32 stamp;      /* when, CLOCK_BOOTTIME >> SYN_RECENT_UNIT_SHIFT */
+	__u32 assigned;   /* 1 once tc assigned the handshake its request socket */
+};
+
+/* 16384 slots of 52 bytes: 832 KiB. The handshakes of 100 ms rarely meet
+ * in one; when two do, the later one wins and the earlier one's segments
+ * are judged one by one, as without the table. */
+#define SYN_RECENT_BITS 14
+#define SYN_RECENT_SLOTS (1 << SYN_RECENT_BITS)
+/* Stamps count units of 2^20 ns (about a millisecond); an entry covers
+ * segments for SYN_RECENT_UNITS of them (about 100 ms): the poll and the
+ * stack's handling of it take far less, and a segment sent again after a
+ * loss finds the socket made by then, or is the kernel's to answer. */
+#define SYN_RECENT_UNIT_SHIFT 20
+#define SYN_RECENT_UNITS 96
+/* The furthest a following segment may start past the validated one: the
+ * largest window a TCP receiver can offer (65535 << 14). */
+#define SYN_RECENT_SEQ_SPAN (65535U << 14)
 
 /* What a cookie's message holds after the addresses, in both families. */
 struct syn_cookie_msg_tail {

@@ -73,6 +73,24 @@ struct possible_net_t___moat {
 	struct net___moat *net;
 } __attribute__((preserve_access_index));
 
+/* What the SYN path reads of a listener: its TCP_MAXSEG (user_mss), its
+ * window clamp, its receive buffer, and the share of a buffer's bytes the
+ * kernel reckons as window (scaling_ratio, in 256ths; kernels before 6.7
+ * had none and offered half). */
+struct tcp_options_received___moat {
+	__u16 user_mss;
+} __attribute__((preserve_access_index));
+
+struct sock___moat {
+	int sk_rcvbuf;
+} __attribute__((preserve_access_index));
+
+struct tcp_sock___moat {
+	struct tcp_options_received___moat rx_opt;
+	__u32 window_clamp;
+	__u8 scaling_ratio;
+} __attribute__((preserve_access_index));
+
 /* Also what the socket census reads of any socket (full, request or
  * time-wait): its tuple, family and state. */
 struct sock_common___moat {
@@ -127,6 +145,54 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 	if (net->ipv4.sysctl_tcp_ecn)
 		s |= SYN_NET_ECN;
 	return s;
+}
+
+/* The MSS a listener sets for itself (TCP_MAXSEG), 0 for none. */
+static __always_inline __u16 syn_user_mss(const struct tcp_sock *tsk)
+{
+	const struct tcp_sock___moat *tp = (const void *)tsk;
+
+	return tp ? tp->rx_opt.user_mss : 0;
+}
+
+/* The receive space a listener offers a new connection, as the kernel
+ * reckons it for a request socket (tcp_openreq_init_rwin: the window of
+ * its receive buffer, no more than its window clamp), capped at the
+ * 65535 a SYN-ACK can announce. 0 if tsk is NULL. */
+static __always_inline __u16 syn_listener_space(const struct tcp_sock *tsk)
+{
+	const struct tcp_sock___moat *tp = (const void *)tsk;
+	const struct sock___moat *sk = (const void *)tsk;
+	__u64 space;
+	int rcvbuf;
+
+	if (!tp)
+		return 0;
+	rcvbuf = sk->sk_rcvbuf;
+	if (rcvbuf <= 0)
+		return 0;
+	if (bpf_core_field_exists(tp->scaling_ratio))
+		space = ((__u64)rcvbuf * tp->scaling_ratio) >> 8;
+	else
+		space = (__u64)rcvbuf >> 1;
+	if (tp->window_clamp && tp->window_clamp < space)
+		space = tp->window_clamp;
+	return space > SYNACK_WINDOW ? SYNACK_WINDOW : space;
+}
+
+/* The window a SYN-ACK announces: the listener's receive space, rounded
+ * down to a multiple of the segment the client will send (the MSS less
+ * the timestamp option it carries), as tcp_select_initial_window rounds
+ * it. The largest window a SYN-ACK can carry when the space is unknown. */
+static __always_inline __u16 syn_window(__u16 space, __u16 mss, int ts)
+{
+	__u32 seg = mss - (ts ? 12 : 0);
+
+	if (!space)
+		return SYNACK_WINDOW;
+	if (seg && space > seg)
+		space = space / seg * seg;
+	return space;
 }
 
 /* The kernel's struct of the same name (include/net/tcp.h); the kfunc
@@ -279,6 +345,70 @@ static __always_inline void syn_mark_packet(const struct packet *p)
 
 	if (c)
 		syn_census_mark(c, syn_census_slot_of(p));
+}
+
+/* p's entry in syn_recent, or NULL. */
+static __always_inline struct syn_recent *syn_recent_of(const struct packet *p)
+{
+	__u32 slot = syn_census_slot_of(p) & (SYN_RECENT_SLOTS - 1);
+
+	return bpf_map_lookup_elem(&syn_recent, &slot);
+}
+
+_Static_assert(__builtin_offsetof(struct packet, daddr) == __builtin_offsetof(struct packet, saddr) + 16 &&
+		       __builtin_offsetof(struct syn_recent, daddr) == __builtin_offsetof(struct syn_recent, saddr) + 16,
+	       "the addresses are copied and compared as one 32-byte block");
+
+/* Whether r holds p's tuple. */
+static __always_inline int syn_recent_tuple(const struct syn_recent *r, const struct packet *p)
+{
+	__u64 a[4], b[4];
+
+	__builtin_memcpy(a, r->saddr, 32);
+	__builtin_memcpy(b, p->saddr, 32);
+	return r->sport == p->sport && r->dport == p->dport &&
+	       ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0;
+}
+
+/* Notes that p, whose acknowledgement number is ack and sequence number
+ * seq, completes a cookie handshake: validated (XDP), or assigned its
+ * request socket (tc, assigned 1). An entry that says as much already is
+ * not written again: the segments behind a handshake do not dirty its
+ * cache line. now is CLOCK_BOOTTIME. */
+static __always_inline void syn_recent_note(const struct packet *p, __be32 ack, __u32 seq, __u64 now,
+					    __u32 assigned)
+{
+	struct syn_recent *r = syn_recent_of(p);
+	__u32 stamp = now >> SYN_RECENT_UNIT_SHIFT;
+
+	if (!r)
+		return;
+	if (r->ack_seq == ack && r->seq == seq && r->assigned >= assigned &&
+	    stamp - r->stamp <= SYN_RECENT_UNITS && syn_recent_tuple(r, p))
+		return;
+	__builtin_memcpy(r->saddr, p->saddr, 32);
+	r->sport = p->sport;
+	r->dport = p->dport;
+	r->ack_seq = ack;
+	r->seq = seq;
+	r->stamp = stamp;
+	r->assigned = assigned;
+}
+
+/* Whether p follows a handshake of its tuple that syn_recent_note noted
+ * within the last SYN_RECENT_UNITS: it acknowledges the same cookie, and
+ * starts at most SYN_RECENT_SEQ_SPAN past the segment that was validated.
+ * assigned: only if tc assigned that handshake its request socket. The
+ * acknowledgement number decides first, and a flood's ACKs go no
+ * further. */
+static __always_inline int syn_recent_follows(const struct packet *p, __be32 ack, __u32 seq, __u64 now,
+					      __u32 assigned)
+{
+	struct syn_recent *r = syn_recent_of(p);
+	__u32 stamp = now >> SYN_RECENT_UNIT_SHIFT;
+
+	return r && r->ack_seq == ack && seq - r->seq <= SYN_RECENT_SEQ_SPAN &&
+	       stamp - r->stamp <= SYN_RECENT_UNITS && r->assigned >= assigned && syn_recent_tuple(r, p);
 }
 
 /* Whether p's tuple may belong to a socket other than the listener: its
@@ -521,11 +651,28 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 	else
 		*wild = (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
 	if (state == BPF_TCP_LISTEN) {
+		struct tcp_sock *tsk = bpf_skc_to_tcp_sock(sk);
+		__u32 mtu = 0;
+		__u16 user_mss = syn_user_mss(tsk);
+
 		if (st->net_jiffies != st->clock_jiffies || st->net_ifindex != ctx->ingress_ifindex) {
-			st->net_settings = syn_net_settings(bpf_skc_to_tcp_sock(sk));
+			st->net_settings = syn_net_settings(tsk);
 			st->net_jiffies = st->clock_jiffies;
 			st->net_ifindex = ctx->ingress_ifindex;
 		}
+		/* The MSS the kernel's SYN-ACK would announce: what the device
+		 * takes (its MTU less the headers), or the listener's own
+		 * TCP_MAXSEG if lower. */
+		bpf_check_mtu(ctx, 0, &mtu, 0, 0);
+		mtu -= p->family == 4 ? 40 : 60;
+		if (mtu > 0xffff || mtu < IPV4_MIN_MSS)
+			mtu = 0;
+		else if (p->family == 4 && mtu > 0xffff - 40)
+			mtu = 0xffff - 40; /* an IPv4 datagram's limit (ipv4_default_advmss) */
+		if (user_mss && (!mtu || user_mss < mtu))
+			mtu = user_mss;
+		st->listener_mss = mtu;
+		st->listener_space = syn_listener_space(tsk);
 		st->listener_family = p->family;
 		st->listener_wild = *wild;
 		__builtin_memcpy(st->listener_addr, p->daddr, 16);
@@ -908,8 +1055,14 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 		meta |= SYN_COOKIE_KEY;
 	h = syn_hash(k, p, client_isn, meta | (o->has_ts ? SYN_COOKIE_MSG_TS : 0));
 
-	our_mss = p->family == 4 ? (cfg->mss_v4 ? cfg->mss_v4 : SYN_DEFAULT_MSS_V4)
-				 : (cfg->mss_v6 ? cfg->mss_v6 : SYN_DEFAULT_MSS_V6);
+	/* The MSS the kernel would announce (st->listener_mss: the device's
+	 * MTU, the listener's TCP_MAXSEG), or a lower one the control plane
+	 * set. */
+	our_mss = p->family == 4 ? cfg->mss_v4 : cfg->mss_v6;
+	if (st->listener_mss && (!our_mss || st->listener_mss < our_mss))
+		our_mss = st->listener_mss;
+	if (!our_mss)
+		our_mss = p->family == 4 ? SYN_DEFAULT_MSS_V4 : SYN_DEFAULT_MSS_V6;
 	our_wscale = cfg->rcv_wscale ? cfg->rcv_wscale : SYN_DEFAULT_RCV_WSCALE;
 	if (our_wscale > TCP_MAX_WSCALE)
 		our_wscale = TCP_MAX_WSCALE;
@@ -921,7 +1074,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	s.th.syn = 1;
 	s.th.ack = 1;
 	s.th.ece = ecn;
-	s.th.window = bpf_htons(SYNACK_WINDOW);
+	s.th.window = bpf_htons(syn_window(st->listener_space, our_mss, o->has_ts));
 	/* The kernel continues moat's TSval clock (bpf_tcp_req_attrs.rcv_tsecr),
 	 * offset included. */
 	tcp_len = sizeof(s.th) + synack_options(&s, o, our_mss, our_wscale, syn_tsval(h, now));
@@ -1054,8 +1207,9 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	struct syn_config *cfg;
 	void *data, *data_end;
 	struct tcphdr *th;
-	__u32 l3, l4;
+	__u32 l3, l4, seq;
 	long kernel_cookie = -1;
+	__be32 ack;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
@@ -1079,9 +1233,16 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	opts = xdp_tcp_options(ctx, p);
 	if (!opts)
 		opts = &no_opts;
-	if (syn_cookie_check(p, cfg, now, bpf_ntohl(th->ack_seq) - 1,
-			     bpf_ntohl(th->seq) - 1, opts) >= 0)
+	ack = th->ack_seq;
+	seq = bpf_ntohl(th->seq);
+	if (syn_cookie_check(p, cfg, now, bpf_ntohl(ack) - 1, seq - 1, opts) >= 0) {
+		syn_recent_note(p, ack, seq, now, 0);
 		return SYN_CONTINUE; /* tc accepts it, and marks its tuple */
+	}
+	/* A segment right behind a valid cookie ACK, in the same poll: the
+	 * stack makes the socket from the ACK before it gets to this one. */
+	if (syn_recent_follows(p, ack, seq, now, 0))
+		return SYN_CONTINUE;
 
 	/* The kernel may have issued this ACK's cookie itself: before a flood
 	 * was detected in auto mode, or when moat left a SYN to it. Its
@@ -1102,6 +1263,7 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 		/* The kernel makes the socket now; the census learns of it
 		 * here, as the SYN's mark may be older than the floor. */
 		syn_mark_packet(p);
+		syn_recent_note(p, ack, seq, now, 0);
 		return SYN_CONTINUE;
 	}
 	st->cookies_rejected++;
@@ -1232,9 +1394,9 @@ static __always_inline int syn_parse_skb(struct __sk_buff *skb, struct packet *p
 }
 
 /* The tc ingress side: a valid moat cookie ACK for a listener becomes a
- * request socket carrying the options the cookie encodes. Never drops:
- * whatever is not a moat handshake goes on unchanged to the next tcx
- * program (SYN_TC_NEXT). */
+ * request socket carrying the options the cookie encodes. Never drops,
+ * and never ends the chain: every packet goes on to the next tcx program
+ * (SYN_TC_NEXT), a moat handshake with its request socket assigned. */
 __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct packet *p);
 
 static __always_inline int syn_accept(struct __sk_buff *skb)
@@ -1271,8 +1433,10 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	struct tcp_sock *tsk;
 	struct bpf_sock *sk;
 	struct tcphdr *th;
-	__u32 key, size, l4, optlen, net;
-	int meta, wscale, err, ret = SYN_TC_NEXT;
+	__u32 key, size, l4, optlen, net, seq;
+	__u16 user_mss;
+	int meta, wscale, err;
+	__be32 ack;
 	__u64 now;
 
 	if (!skb || !p)
@@ -1324,7 +1488,9 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 		}
 	}
 	/* th stays valid: bpf_skb_load_bytes does not move packet data. */
-	meta = syn_cookie_check(p, cfg, now, bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1, &w.opts);
+	ack = th->ack_seq;
+	seq = bpf_ntohl(th->seq);
+	meta = syn_cookie_check(p, cfg, now, bpf_ntohl(ack) - 1, seq - 1, &w.opts);
 	if (meta < 0)
 		goto release;
 
@@ -1349,6 +1515,13 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 
 	st = syn_counters_of(port);
 	tsk = bpf_skc_to_tcp_sock(sk);
+	/* The listener's TCP_MAXSEG caps what the connection sends, as the
+	 * kernel caps a request's MSS with it (tcp_parse_options), down to
+	 * the least the kfunc takes. */
+	user_mss = syn_user_mss(tsk);
+	if (user_mss && user_mss < attrs.mss &&
+	    user_mss >= (p->family == 4 ? IPV4_MIN_MSS : IPV6_MIN_MSS))
+		attrs.mss = user_mss;
 	/* Settings turned off in the namespace since the SYN-ACK went out:
 	 * the kfunc would refuse SACK and timestamps, which the connection
 	 * can do without (the client's are ignored). Window scaling it
@@ -1363,10 +1536,17 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 		attrs.rcv_tsval = 0;
 		attrs.rcv_tsecr = 0;
 	}
+	/* The first data segment carries the cookie of the ACK ahead of it
+	 * in the same poll: the stack makes the socket from the ACK's request
+	 * socket, and finds it for this one. */
+	if (syn_recent_follows(p, ack, seq, now, 1))
+		goto release;
 	if (!tsk || !(net & SYN_NET_COOKIES)) {
 		err = -1;
 	} else {
 		err = bpf_sk_assign_tcp_reqsk(skb, (struct sock *)tsk, &attrs, sizeof(attrs));
+		if (!err)
+			syn_recent_note(p, ack, seq, now, 1);
 	}
 	if (st) {
 		if (err)
@@ -1375,14 +1555,15 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 			st->cookies_accepted++;
 	}
 	/* moat's handshake: the request socket is assigned, the stack takes
-	 * it from here, and the census learns of its tuple at once. */
-	if (!err) {
+	 * it from here, and the census learns of its tuple at once. The tcx
+	 * programs after this one still judge the packet (an ingress
+	 * firewall that denies the client drops it, and with it the
+	 * handshake): the assignment stands whatever they return but a drop. */
+	if (!err)
 		syn_mark_packet(p);
-		ret = TC_ACT_OK;
-	}
 release:
 	bpf_sk_release(sk);
-	return ret;
+	return SYN_TC_NEXT;
 }
 
 /* One socket of a census pass (struct bpf_iter__tcp: every TCP socket of

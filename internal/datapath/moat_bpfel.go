@@ -455,14 +455,26 @@ type MoatSynPortStats struct {
 	LocalJiffies    uint64
 	LocalFamily     uint8
 	Local           uint8
-	LocalPad        uint16
+	ListenerSpace   uint16
 	LocalIfindex    uint32
 	ListenerAddr    [16]uint8
 	ListenerFamily  uint8
 	ListenerWild    uint8
-	Pad             [2]uint8
+	ListenerMss     uint16
 	CensusFrom      uint32
 	Fib             [64]uint8
+}
+
+type MoatSynRecent struct {
+	_        structs.HostLayout
+	Saddr    [16]uint8
+	Daddr    [16]uint8
+	Sport    uint16
+	Dport    uint16
+	AckSeq   uint32
+	Seq      uint32
+	Stamp    uint32
+	Assigned uint32
 }
 
 type MoatVerdictCounter struct {
@@ -531,6 +543,7 @@ const (
 	MoatMapSynCounters                = "syn_counters"
 	MoatMapSynKeys                    = "syn_keys"
 	MoatMapSynPorts                   = "syn_ports"
+	MoatMapSynRecent                  = "syn_recent"
 	MoatMapSynRotation                = "syn_rotation"
 	MoatMapSynSettings                = "syn_settings"
 	MoatProgDenyHostSummaryOr         = "deny_host_summary_or"
@@ -636,6 +649,7 @@ type MoatMapSpecs struct {
 	SynCounters      *ebpf.MapSpec `ebpf:"syn_counters"`
 	SynKeys          *ebpf.MapSpec `ebpf:"syn_keys"`
 	SynPorts         *ebpf.MapSpec `ebpf:"syn_ports"`
+	SynRecent        *ebpf.MapSpec `ebpf:"syn_recent"`
 	SynRotation      *ebpf.MapSpec `ebpf:"syn_rotation"`
 	SynSettings      *ebpf.MapSpec `ebpf:"syn_settings"`
 }
@@ -709,6 +723,7 @@ type MoatMaps struct {
 	SynCounters      *ebpf.Map `ebpf:"syn_counters"`
 	SynKeys          *ebpf.Map `ebpf:"syn_keys"`
 	SynPorts         *ebpf.Map `ebpf:"syn_ports"`
+	SynRecent        *ebpf.Map `ebpf:"syn_recent"`
 	SynRotation      *ebpf.Map `ebpf:"syn_rotation"`
 	SynSettings      *ebpf.Map `ebpf:"syn_settings"`
 }
@@ -753,6 +768,7 @@ func (m *MoatMaps) Close() error {
 		m.SynCounters,
 		m.SynKeys,
 		m.SynPorts,
+		m.SynRecent,
 		m.SynRotation,
 		m.SynSettings,
 	)

@@ -46,7 +46,7 @@ var sharedMaps = []string{
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
 	// The census before the counters: carrying counters over reads it.
 	datapath.MoatMapSynPorts, datapath.MoatMapSynCensus, datapath.MoatMapSynCounters, datapath.MoatMapSynKeys,
-	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings,
+	datapath.MoatMapSynRotation, datapath.MoatMapSynSettings, datapath.MoatMapSynRecent,
 	datapath.MoatMapRlRules, datapath.MoatMapRlPortScopes, datapath.MoatMapRlClassScopes, datapath.MoatMapRlBudgets, datapath.MoatMapRlSources, datapath.MoatMapRlSketch, datapath.MoatMapRlStats, datapath.MoatMapRlSettings, datapath.MoatMapHhSources, datapath.MoatMapShape, datapath.MoatMapShapePorts, // rate limits (internal/ratelimit)
 	datapath.MoatMapCaptureSettings, datapath.MoatMapCaptureRing, datapath.MoatMapCaptureLost, datapath.MoatMapCaptureSeen, // packet capture (internal/capture)
 }

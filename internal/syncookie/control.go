@@ -172,7 +172,7 @@ func Rotate(keys, rotation *ebpf.Map) (uint64, error) {
 type Config struct {
 	Hold           time.Duration // auto mode: cookie mode lasts this long after the flood (default 10s)
 	CookieLifetime time.Duration // tc looks for cookies this long after a flood (default 4m; >= 2 rotations)
-	MSSv4, MSSv6   uint16        // MSS moat announces (default 1460/1440)
+	MSSv4, MSSv6   uint16        // the most MSS moat announces (default: what the device and listener take, as the kernel)
 	WScale         uint8         // window scale moat announces (default 7)
 	// RotationPeriod is how often the control plane calls Rotate (default
 	// DefaultRotation). The data path stops issuing cookies when the last

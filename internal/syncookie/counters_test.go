@@ -33,7 +33,7 @@ func TestInterfaceCountersSeeSynDefence(t *testing.T) {
 	objs := setup(t)
 	syn := synFrame(nil, client4, server4, testpkt.TCP{})
 	ack := ackFrame(client4, server4, protectedPort, 99, 12345, false)
-	rets, _ := verdicts(t, objs.MoatFilter, [][]byte{syn, ack})
+	rets, _ := verdicts(t, objs.MoatFilter, [][]byte{syn, ack}, nil)
 	if rets[0] != 3 || rets[1] != 1 { // XDP_TX, XDP_DROP
 		t.Fatalf("verdicts %v, want [3 1]", rets)
 	}

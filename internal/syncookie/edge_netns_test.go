@@ -118,43 +118,51 @@ func TestTimeWaitReuse(t *testing.T) {
 	}
 }
 
-// TestLaterTcxProgramsRun: moat's tc program does not end the tcx chain
-// when it has nothing to decide, so a program attached after it (here one
-// that drops everything) still runs.
+// TestLaterTcxProgramsRun: moat's tc program does not end the tcx chain,
+// neither when it has nothing to decide nor when it hands the kernel a
+// handshake, so a program attached after it (here one that drops
+// everything, as an ingress firewall denying the client would) still
+// runs: the server accepts no connection whose packets it drops. In
+// always mode the SYN-ACK comes from XDP, so the client's connect() itself
+// succeeds; the third ACK must meet the later program all the same.
 func TestLaterTcxProgramsRun(t *testing.T) {
-	s := newShielded(t, ModeNever)
-	_, accepted := echoServer(t, s.lab.Server)
-	ifc := s.lab.Server.Ifaces[0]
-	drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* TC_ACT_SHOT */), asm.Return()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { drop.Close() })
-	if err := s.lab.Server.Do(func() error {
-		l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: drop, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { l.Close() })
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	err = s.lab.Client.Do(func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, labPort).String(), time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-	if err == nil {
-		t.Fatal("connected although a later tcx program drops everything: the chain ended at moat")
-	}
-	select {
-	case c := <-accepted:
-		t.Fatalf("server accepted %v", c.RemoteAddr())
-	default:
+	for _, mode := range []Mode{ModeNever, ModeAlways} {
+		t.Run(mode.String(), func(t *testing.T) {
+			s := newShielded(t, mode)
+			_, accepted := echoServer(t, s.lab.Server)
+			ifc := s.lab.Server.Ifaces[0]
+			drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+				Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* TC_ACT_SHOT */), asm.Return()}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { drop.Close() })
+			if err := s.lab.Server.Do(func() error {
+				l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: drop, Attach: ebpf.AttachTCXIngress})
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { l.Close() })
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			err = s.lab.Client.Do(func() error {
+				c, err := net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, labPort).String(), time.Second)
+				if err == nil {
+					t.Cleanup(func() { c.Close() })
+				}
+				return err
+			})
+			if (err == nil) != (mode == ModeAlways) {
+				t.Fatalf("connect: %v; want it to succeed only where XDP answers the SYN", err)
+			}
+			select {
+			case c := <-accepted:
+				t.Fatalf("server accepted %v although the tcx program after moat's drops every packet (status %+v)", c.RemoteAddr(), s.status(t))
+			case <-time.After(time.Second):
+			}
+		})
 	}
 }
 

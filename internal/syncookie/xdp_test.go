@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,10 +82,29 @@ func inScratchNetns(t testing.TB, fn func()) {
 			return
 		}
 		defer ns.Close()
+		// Test runs take their frames in on lo: at an Ethernet link's MTU,
+		// moat's SYN-ACKs announce the MSS such a link takes (1460 and
+		// 1440), as the kernel's would.
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetMTU(lo, testMTU)
+		}
+		if err != nil {
+			t.Errorf("lo of the scratch namespace: %v", err)
+			return
+		}
 		fn()
 	}()
 	<-done
 }
+
+// testMTU is lo's MTU in a scratch namespace; testWindowClamp is the
+// TCP_WINDOW_CLAMP of listen's listeners, which bounds the window moat's
+// SYN-ACKs announce.
+const (
+	testMTU         = 1500
+	testWindowClamp = 20000
+)
 
 // listen opens a dual-stack listener on port in the namespace of the
 // calling (locked) thread: moat answers SYNs and filters ACKs only where a
@@ -93,6 +113,13 @@ func listen(t testing.TB, port uint16) net.Listener {
 	t.Helper()
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
+	lc.Control = func(_, _ string, c syscall.RawConn) error {
+		var err error
+		c.Control(func(fd uintptr) {
+			err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, testWindowClamp)
+		})
+		return err
+	}
 	ln, err := lc.Listen(context.Background(), "tcp", fmt.Sprintf("[::]:%d", port))
 	if err != nil {
 		t.Fatalf("listen on %d: %v", port, err)
@@ -104,12 +131,15 @@ func listen(t testing.TB, port uint16) net.Listener {
 // listener on protectedPort, returning verdicts and output frames.
 // Subtests run on goroutines of their own, in the test binary's
 // namespace, so frames are run here and the results checked in subtests.
-func verdicts(t *testing.T, prog *ebpf.Program, frames [][]byte) ([]uint32, [][]byte) {
+func verdicts(t *testing.T, prog *ebpf.Program, frames [][]byte, before func()) ([]uint32, [][]byte) {
 	t.Helper()
 	rets := make([]uint32, len(frames))
 	outs := make([][]byte, len(frames))
 	withListener(t, func() {
 		for i, f := range frames {
+			if before != nil {
+				before()
+			}
 			rets[i], outs[i] = run(t, prog, f)
 		}
 	})
@@ -127,6 +157,12 @@ type verdictCase struct {
 // returns how many must be dropped. A passed frame must be left as it was.
 func checkVerdicts(t *testing.T, prog *ebpf.Program, cases []verdictCase) (drops uint64) {
 	t.Helper()
+	return checkVerdictsAfter(t, prog, cases, nil)
+}
+
+// checkVerdictsAfter is checkVerdicts with before run ahead of each case.
+func checkVerdictsAfter(t *testing.T, prog *ebpf.Program, cases []verdictCase, before func()) (drops uint64) {
+	t.Helper()
 	frames := make([][]byte, len(cases))
 	for i, c := range cases {
 		frames[i] = c.frame
@@ -134,7 +170,7 @@ func checkVerdicts(t *testing.T, prog *ebpf.Program, cases []verdictCase) (drops
 			drops++
 		}
 	}
-	rets, outs := verdicts(t, prog, frames)
+	rets, outs := verdicts(t, prog, frames, before)
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if rets[i] != c.want {
@@ -230,12 +266,18 @@ func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k 
 	if o.hasWScale {
 		opts = append(opts, testpkt.TCPNOP(), testpkt.WindowScale(7))
 	}
+	// The listener's window clamp, in whole segments of what the client
+	// sends: the MSS less the timestamps it carries.
+	seg := ourMSS
+	if o.ts {
+		seg -= 12
+	}
 	// Options take what they need, a multiple of 4 bytes: no padding.
 	tcp := testpkt.TCP{
 		SrcPort: protectedPort, DstPort: clientPort,
 		Seq: cookie, Ack: clientISN + 1,
 		SYN: true, ACK: true, ECE: o.ecn,
-		Window:  65535,
+		Window:  testWindowClamp / seg * seg,
 		Options: opts,
 	}
 	f := testpkt.Frame{SrcMAC: testpkt.DefaultDstMAC, DstMAC: testpkt.DefaultSrcMAC, Tags: tags, L4: tcp}
@@ -414,7 +456,7 @@ func TestSynAckBytes(t *testing.T) {
 	for _, c := range cases {
 		frames = append(frames, synFrameECN(c.tags, c.client, c.server, c.tcp, ipECN[c.name]))
 	}
-	rets, outs := verdicts(t, objs.MoatFilter, frames)
+	rets, outs := verdicts(t, objs.MoatFilter, frames, nil)
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if rets[i] != uint32(2+1) { // XDP_TX
@@ -896,7 +938,10 @@ func TestAckValidation(t *testing.T) {
 		// this device, DNAT, a routed flow), so not moat's to drop.
 		{"no listener", ackFrame(client4, server4, noListenerPort, 99, 12345, false), 2},
 	}
-	drops := checkVerdicts(t, objs.MoatFilter, cases)
+	// Each case on its own: a valid cookie ACK lets the segments behind
+	// it through (TestAckFollowsAValidHandshake), which would hide the
+	// rows that change one thing of it.
+	drops := checkVerdictsAfter(t, objs.MoatFilter, cases, func() { forgetHandshakes(t, objs.SynRecent) })
 	withListener(t, func() {
 		// After one more rotation the generation-1 cookie is two old.
 		if err := InstallKey(objs.SynKeys, objs.SynRotation, 3, testKeys[2]); err != nil {
@@ -914,6 +959,94 @@ func TestAckValidation(t *testing.T) {
 	if st.ACKsDropped != drops || st.CookiesRejected != drops-1 {
 		t.Errorf("acks dropped %d, cookies rejected %d, want %d and %d (all but the one too far in to check)",
 			st.ACKsDropped, st.CookiesRejected, drops, drops-1)
+	}
+}
+
+// forgetHandshakes empties syn_recent.
+func forgetHandshakes(t *testing.T, m *ebpf.Map) {
+	t.Helper()
+	n := int(m.MaxEntries())
+	keys := make([]uint32, n)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := m.BatchUpdate(keys, make([]datapath.MoatSynRecent, n), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ageHandshakes makes every handshake in syn_recent older by units of its
+// clock (2^20 ns). One batch read: the rows that test the window's end
+// have a few milliseconds to spare.
+func ageHandshakes(t *testing.T, m *ebpf.Map, units uint32) {
+	t.Helper()
+	n := int(m.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]datapath.MoatSynRecent, n)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if vals[i].Stamp != 0 {
+			vals[i].Stamp -= units
+			if err := m.Put(keys[i], vals[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestAckFollowsAValidHandshake: the segments a client sends right behind
+// its cookie ACK reach XDP before the stack has made the socket from it
+// (one poll). A segment of the same tuple that acknowledges the cookie
+// just validated, and starts within a window of the validated ACK, passes
+// for about 100 ms; anything else is judged as before, and so is every
+// segment when no valid ACK came first. TestHandshakeBurst sends such a
+// burst through a real poll.
+func TestAckFollowsAValidHandshake(t *testing.T) {
+	objs := setup(t)
+	tuple := Tuple{netip.AddrPortFrom(client4, clientPort), netip.AddrPortFrom(server4, protectedPort)}
+	cookie, ts := CookieTS(testKeys[0], tuple, clientISN, Meta(1460, true, 7, true, true, false, 1, false), 5_000_000)
+	segment := func(client netip.Addr, port uint16, seq, ack uint32) []byte {
+		return testpkt.IP(client, server4, testpkt.TCP{SrcPort: port, DstPort: protectedPort, Seq: seq, Ack: ack,
+			ACK: true, PSH: true, Options: tsOpts(ts), Payload: make([]byte, 1000)})
+	}
+	valid := ackFrameOpts(client4, server4, protectedPort, clientISN+1, cookie+1, false, tsOpts(ts))
+	behind := segment(client4, clientPort, clientISN+1+1448, cookie+1)
+	for _, c := range []struct {
+		name   string
+		first  []byte // a valid cookie ACK, or nil
+		age    uint32 // of the handshake noted, in units of 2^20 ns
+		second []byte
+		want   uint32
+	}{
+		{"behind a valid ack", valid, 0, behind, 2},
+		{"at the end of the largest window", valid, 0, segment(client4, clientPort, clientISN+1+65535<<14, cookie+1), 2},
+		{"behind a valid ack 80 ms old", valid, 76, behind, 2},
+		{"with no valid ack before it", nil, 0, behind, 1},
+		{"behind a valid ack 110 ms old", valid, 105, behind, 1},
+		{"another cookie", valid, 0, segment(client4, clientPort, clientISN+1+1448, cookie+2), 1},
+		{"before the validated ack", valid, 0, segment(client4, clientPort, clientISN, cookie+1), 1},
+		{"past the largest window", valid, 0, segment(client4, clientPort, clientISN+2+65535<<14, cookie+1), 1},
+		{"another client port", valid, 0, segment(client4, clientPort+1, clientISN+1+1448, cookie+1), 1},
+		{"another client address", valid, 0, segment(netip.MustParseAddr("192.0.2.99"), clientPort, clientISN+1+1448, cookie+1), 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			withListener(t, func() {
+				forgetHandshakes(t, objs.SynRecent)
+				if c.first != nil {
+					if ret, _ := run(t, objs.MoatFilter, c.first); ret != 2 {
+						t.Fatalf("the valid cookie ACK: verdict %d", ret)
+					}
+					ageHandshakes(t, objs.SynRecent, c.age)
+				}
+				if ret, _ := run(t, objs.MoatFilter, c.second); ret != c.want {
+					t.Errorf("verdict %d, want %d", ret, c.want)
+				}
+			})
+		})
 	}
 }
 

@@ -1,0 +1,232 @@
+package syncookie
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestHandshakeFollowsTheListener: a moat cookie handshake gives both
+// sockets what a kernel handshake to the same listener gives: the
+// listener's TCP_MAXSEG bounds the MSS announced to the client and the
+// MSS the server sends with, and the SYN-ACK announces the window the
+// kernel's would (SO_RCVBUF, TCP_WINDOW_CLAMP on the listener), which the
+// server's socket then takes. moat used to announce its fixed MSS and a
+// window of 65535 whatever the listener.
+func TestHandshakeFollowsTheListener(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	const plainPort = labPort + 1 // unprotected: the kernel's handshake
+	for _, tc := range []struct {
+		name string
+		opt  func(fd int) error
+	}{
+		{"no option", nil},
+		{"TCP_MAXSEG 1000", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, 1000) }},
+		{"SO_RCVBUF 4096", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) }},
+		{"TCP_WINDOW_CLAMP 8192", func(fd int) error {
+			return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, 8192)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			type res struct{ cli, srv sockInfo }
+			got := map[uint16]res{}
+			for _, port := range []uint16{labPort, plainPort} {
+				var lcfg net.ListenConfig
+				lcfg.SetMultipathTCP(false)
+				lcfg.Control = func(_, _ string, c syscall.RawConn) error {
+					var e error
+					if tc.opt != nil {
+						c.Control(func(fd uintptr) { e = tc.opt(int(fd)) })
+					}
+					return e
+				}
+				var ln net.Listener
+				if err := s.lab.Server.Do(func() (err error) {
+					ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+				acc := make(chan *net.TCPConn, 1)
+				go func() {
+					c, err := ln.Accept()
+					if err == nil {
+						acc <- c.(*net.TCPConn)
+					}
+				}()
+				before := s.status(t)
+				var c net.Conn
+				if err := s.lab.Client.Do(func() (err error) {
+					c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 5*time.Second)
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+				var srv *net.TCPConn
+				select {
+				case srv = <-acc:
+				case <-time.After(5 * time.Second):
+					t.Fatal("not accepted")
+				}
+				after := s.status(t)
+				if port == labPort && after.CookiesAccepted != before.CookiesAccepted+1 {
+					t.Fatalf("not a moat handshake")
+				}
+				got[port] = res{tcpInfo(t, c.(*net.TCPConn)), tcpInfo(t, srv)}
+				c.Close()
+				srv.Close()
+				ln.Close()
+			}
+			m, k := got[labPort], got[plainPort]
+			t.Logf("moat:   client snd_mss %d snd_wnd %d | server snd_mss %d advmss %d rcv_wnd %d",
+				m.cli.Snd_mss, m.cli.Snd_wnd, m.srv.Snd_mss, m.srv.Advmss, m.srv.Rcv_wnd)
+			t.Logf("kernel: client snd_mss %d snd_wnd %d | server snd_mss %d advmss %d rcv_wnd %d",
+				k.cli.Snd_mss, k.cli.Snd_wnd, k.srv.Snd_mss, k.srv.Advmss, k.srv.Rcv_wnd)
+			if m.cli.Snd_mss != k.cli.Snd_mss {
+				t.Errorf("client may send segments of %d bytes after a moat handshake, %d after the kernel's", m.cli.Snd_mss, k.cli.Snd_mss)
+			}
+			if m.srv.Snd_mss != k.srv.Snd_mss {
+				t.Errorf("server sends segments of %d bytes after a moat handshake, %d after the kernel's", m.srv.Snd_mss, k.srv.Snd_mss)
+			}
+			if m.cli.Snd_wnd != k.cli.Snd_wnd {
+				t.Errorf("the client was told a window of %d by moat's SYN-ACK, %d by the kernel's", m.cli.Snd_wnd, k.cli.Snd_wnd)
+			}
+			if m.cli.Snd_wnd > m.srv.Rcv_wnd+uint32(m.srv.Advmss) {
+				t.Errorf("the client was told a window of %d, the server's socket takes %d", m.cli.Snd_wnd, m.srv.Rcv_wnd)
+			}
+		})
+	}
+}
+
+// TestFirstFlightWithinTheWindow: a listener with a small SO_RCVBUF; the
+// client writes its first flight right after connect(). It keeps within
+// the window moat's SYN-ACK announced, as after the kernel's: no
+// retransmission. Told 65535, it sent past the server's real window and
+// sent 8 segments again.
+func TestFirstFlightWithinTheWindow(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	const plainPort = labPort + 1
+	retrans := map[uint16]uint32{}
+	for _, port := range []uint16{labPort, plainPort} {
+		var lcfg net.ListenConfig
+		lcfg.SetMultipathTCP(false)
+		lcfg.Control = func(_, _ string, c syscall.RawConn) error {
+			var e error
+			c.Control(func(fd uintptr) { e = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+			return e
+		}
+		var ln net.Listener
+		if err := s.lab.Server.Do(func() (err error) {
+			ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan int, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				done <- -1
+				return
+			}
+			defer c.Close()
+			time.Sleep(300 * time.Millisecond)
+			buf := make([]byte, 1<<16)
+			n := 0
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			for n < 14000 {
+				m, err := c.Read(buf)
+				n += m
+				if err != nil {
+					break
+				}
+			}
+			done <- n
+		}()
+		var c net.Conn
+		if err := s.lab.Client.Do(func() (err error) {
+			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 5*time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		c.(*net.TCPConn).SetNoDelay(true)
+		c.Write(make([]byte, 14000))
+		if n := <-done; n != 14000 {
+			t.Fatalf("port %d: server read %d", port, n)
+		}
+		retrans[port] = tcpInfo(t, c.(*net.TCPConn)).Total_retrans
+		c.Close()
+		ln.Close()
+	}
+	t.Logf("client retransmissions: after moat's handshake %d, after the kernel's %d", retrans[labPort], retrans[plainPort])
+	if retrans[labPort] > retrans[plainPort] {
+		t.Errorf("client retransmitted %d segments after moat's handshake, %d after the kernel's", retrans[labPort], retrans[plainPort])
+	}
+}
+
+// TestHandshakeFitsTheDeviceMTU: the server's device has an MTU of 1400.
+// moat's SYN-ACK announces the MSS that fits it (1360), as the kernel's
+// does: the client's full-sized segments reach the server. With 1460
+// announced they were larger than the device takes, and lost.
+func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	if err := s.lab.Server.Do(func() error {
+		l, err := netlink.LinkByName(s.lab.Server.Ifaces[0].Name)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetMTU(l, 1400)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const plainPort = labPort + 1
+	for _, port := range []uint16{plainPort, labPort} {
+		var lcfg net.ListenConfig
+		lcfg.SetMultipathTCP(false)
+		var ln net.Listener
+		if err := s.lab.Server.Do(func() (err error) {
+			ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan int64, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				got <- -1
+				return
+			}
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			n, _ := io.Copy(io.Discard, c)
+			got <- n
+		}()
+		var c net.Conn
+		if err := s.lab.Client.Do(func() (err error) {
+			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 3*time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ci := tcpInfo(t, c.(*net.TCPConn))
+		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		c.Write(make([]byte, 100000))
+		c.Close()
+		n := <-got
+		t.Logf("port %d (moat: %v): client snd_mss %d, server received %d of 100000 bytes in 3 s", port, port == labPort, ci.Snd_mss, n)
+		if n != 100000 {
+			t.Errorf("port %d: server received %d bytes", port, n)
+		}
+		ln.Close()
+	}
+}
