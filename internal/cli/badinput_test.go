@@ -195,10 +195,12 @@ func TestBadInputFreshRoot(t *testing.T) {
 }
 
 // TestReadOnlyCommandsNeedState checks that commands that only read the
-// state refuse where nothing is pinned, instead of creating the maps.
+// state refuse where nothing is pinned, instead of creating the maps; so
+// does syn rotate, which would install keys that no filter reads.
 func TestReadOnlyCommandsNeedState(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"list"}, {"list", "--json"}, {"export"}, {"stats"}, {"expire"}, {"syn", "status"}, {"rebuild-summary"}} {
+	for _, args := range [][]string{{"list"}, {"list", "--json"}, {"export"}, {"stats"}, {"expire"}, {"syn", "status"}, {"rebuild-summary"},
+		{"policy"}, {"syn", "rotate"}} {
 		root := newRoot(t)
 		checkUsageError(t, runMain(root, args...), "not set up")
 		if st := pinnedState(t, root); st != "" {

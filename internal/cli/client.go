@@ -7,11 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/config"
 	"github.com/moat-shield/moat/internal/daemon"
@@ -51,39 +56,123 @@ func newDaemonClient(socket string) *daemonClient {
 }
 
 // daemon returns a client of the daemon that manages g.root, or nil when
-// none runs (no socket, nobody listening) or the one that runs manages
-// other pins.
+// none does.
 func (g *globals) daemon() (*daemonClient, error) {
 	return g.findDaemon(true)
 }
 
-// findDaemon is daemon; with forChange, a socket that no daemon answers
-// on gets a warning on stderr: the change goes to the pinned maps alone,
-// and a daemon that managed this root removes it when it starts again
-// unless its config or state file has it.
+// findDaemon is daemon. The daemon asked first is the one on the socket
+// that the operator names (or the default); where that one manages
+// another root or none answers there, the lock that a daemon holds on its
+// root says whether one manages g.root, and on which socket. A daemon
+// that holds the lock but answers on neither socket fails the command:
+// whatever it did next would be behind the daemon's back. With forChange,
+// a socket that no daemon answers on, where no daemon holds the lock,
+// gets a warning on stderr: the change goes to the pinned maps alone, and
+// a daemon that managed this root removes it when it starts again unless
+// its config or state file has it.
 func (g *globals) findDaemon(forChange bool) (*daemonClient, error) {
 	socket := socketPath()
-	if _, err := os.Stat(socket); err != nil {
+	c, dead, err := askDaemon(socket, g.root)
+	if c != nil || err != nil {
+		return c, err
+	}
+	holder, err := lockHolder(g.root)
+	if err != nil {
+		return nil, err
+	}
+	if holder == nil {
+		if dead && forChange && g.errOut != nil {
+			fmt.Fprintf(g.errOut, "moat: warning: no daemon answers on %s (stopped?): this change goes to the pinned maps "+
+				"alone, and a daemon that manages %s removes it at its next start unless its config has it\n", socket, g.root)
+		}
 		return nil, nil
 	}
-	c := newDaemonClient(socket)
+	if holder.socket != "" && holder.socket != socket {
+		if c, _, err := askDaemon(holder.socket, g.root); c != nil || err != nil {
+			return c, err
+		}
+	}
+	if forChange {
+		return nil, fmt.Errorf("the moat daemon that manages %s (%s) does not answer; nothing was changed behind its back", g.root, holder)
+	}
+	return nil, fmt.Errorf("the moat daemon that manages %s (%s) does not answer", g.root, holder)
+}
+
+// askDaemon returns a client of the daemon on socket if it manages root.
+// dead says that a socket is there but nobody answers on it: a socket
+// left by a killed daemon.
+func askDaemon(socket, root string) (c *daemonClient, dead bool, err error) {
+	if _, err := os.Stat(socket); err != nil {
+		return nil, false, nil
+	}
+	c = newDaemonClient(socket)
 	var st daemon.Status
 	if err := c.call(http.MethodGet, "/v1/status", nil, &st); err != nil {
 		var ne *net.OpError
 		if errors.As(err, &ne) {
-			// A socket left by a killed daemon.
-			if forChange && g.errOut != nil {
-				fmt.Fprintf(g.errOut, "moat: warning: no daemon answers on %s (stopped?): this change goes to the pinned maps "+
-					"alone, and a daemon that manages %s removes it at its next start unless its config has it\n", socket, g.root)
-			}
-			return nil, nil
+			return nil, true, nil
 		}
+		return nil, false, err
+	}
+	if filepath.Clean(st.Root) != filepath.Clean(root) {
+		return nil, false, nil
+	}
+	return c, false, nil
+}
+
+// daemonHolder is the daemon that holds a root's lock, as its lock file
+// names it.
+type daemonHolder struct {
+	lock   string // the lock file
+	pid    int    // 0: the file does not say
+	socket string // "": the file does not say
+}
+
+func (h *daemonHolder) String() string {
+	if h.pid == 0 || h.socket == "" {
+		return "lock " + h.lock
+	}
+	return fmt.Sprintf("pid %d, socket %s", h.pid, h.socket)
+}
+
+// lockHolder returns the daemon that holds root's lock, or nil when none
+// does. It takes the lock shared for a moment: that fails only while a
+// daemon holds it, which a daemon does from before it opens its socket
+// until it exits, killed or not. A socket cannot tell as much: the
+// operator's MOAT_SOCKET may name another daemon's, or none.
+func lockHolder(root string) (*daemonHolder, error) {
+	path, err := daemon.LockPath(root)
+	if err != nil {
 		return nil, err
 	}
-	if filepath.Clean(st.Root) != filepath.Clean(g.root) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+		// No daemon ever ran on root; or not root ourselves, and then
+		// the pinned maps are out of reach too.
 		return nil, nil
 	}
-	return c, nil
+	if err != nil {
+		return nil, fmt.Errorf("daemon lock of %s: %w", root, err)
+	}
+	defer f.Close()
+	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+	if err == nil {
+		return nil, nil // closing the file lets go of it
+	}
+	if !errors.Is(err, unix.EWOULDBLOCK) {
+		return nil, fmt.Errorf("daemon lock of %s: %w", root, err)
+	}
+	h := &daemonHolder{lock: path}
+	// The daemon writes "pid N, socket PATH" once it holds the lock.
+	text, _ := io.ReadAll(io.LimitReader(f, 4096))
+	if rest, ok := strings.CutPrefix(strings.TrimSpace(string(text)), "pid "); ok {
+		if pid, socket, ok := strings.Cut(rest, ", socket "); ok {
+			h.pid, _ = strconv.Atoi(pid)
+			h.socket = socket
+		}
+	}
+	return h, nil
 }
 
 // via says on stderr that a change went through the daemon; called once

@@ -30,10 +30,18 @@ func moatHere(t *testing.T, root string, args ...string) result {
 // environment.
 func runBinary(t *testing.T, env []string, root string, args ...string) result {
 	t.Helper()
+	return runBinaryIn(t, "", env, root, args...)
+}
+
+// runBinaryIn is runBinary in the working directory dir ("": this
+// process's), where a relative root is taken from.
+func runBinaryIn(t *testing.T, dir string, env []string, root string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, moatBin, append(append([]string{}, args...), "--root", root)...)
 	cmd.Env = append(os.Environ(), env...)
+	cmd.Dir = dir
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -188,6 +196,30 @@ func TestImportPlainNetset(t *testing.T) {
 	}
 	if prefixes(parsed.Deny) != prefixes(rs.Deny) {
 		t.Fatalf("plain export %s, deny list %s", prefixes(parsed.Deny), prefixes(rs.Deny))
+	}
+}
+
+// TestImportTooLarge: a file larger than rules.MaxFileSize is refused with
+// one line before a byte of it is read, and nothing is pinned for it. (A
+// stream, which has no size to look at, is cut off at the same size:
+// rules' TestReadRulesetTooLarge.)
+func TestImportTooLarge(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	file := filepath.Join(t.TempDir(), "huge.netset")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sparse: it takes no room on disk.
+	err = f.Truncate(rules.MaxFileSize + 1)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkUsageError(t, runMain(root, "import", file), file+": too large")
+	if st := pinnedState(t, root); st != "" {
+		t.Fatalf("the refused import left state behind:\n%s", st)
 	}
 }
 

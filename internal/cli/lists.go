@@ -305,7 +305,7 @@ func newPolicyCmd(g *globals) *cobra.Command {
 			}
 			open := g.open
 			if len(a) == 0 { // only shows the policy
-				open = g.openState
+				open = g.openExisting
 			}
 			s, err := open()
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -83,8 +84,20 @@ func newRoot(g *globals) *cobra.Command {
 		// with an untyped, multi-line "unknown command" error.
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
-		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			g.errOut = cmd.ErrOrStderr()
+			// A root is named by its absolute path wherever it is
+			// compared or named: a daemon's root, the name of its lock.
+			// Abs would take "" for the working directory.
+			if g.root == "" {
+				return usagef("--root is empty")
+			}
+			abs, err := filepath.Abs(g.root)
+			if err != nil {
+				return usagef("--root %s: %v", g.root, err)
+			}
+			g.root = abs
+			return nil
 		},
 	}
 	def := os.Getenv("MOAT_ROOT")

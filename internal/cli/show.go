@@ -296,11 +296,13 @@ func newImportCmd(g *globals) *cobra.Command {
 					return usagef("%v", err)
 				}
 				defer f.Close()
-				r = bufio.NewReaderSize(f, 1<<20)
+				// The file itself, not a buffer over it: ReadAll refuses
+				// one too large by its size, before reading it.
+				r = f
 			}
-			data, err := io.ReadAll(r)
+			data, err := rules.ReadAll(name, r)
 			if err != nil {
-				return usagef("%s: %v", name, err)
+				return &usageError{err}
 			}
 			// JSON holds both lists; a --list the import would ignore is
 			// a mistake better said than passed over.

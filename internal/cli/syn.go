@@ -348,7 +348,12 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 			// command.
 			first := true
 			rotate := func() error {
-				s, err := g.open()
+				// Keys for a root where nothing is pinned would be read by
+				// no filter: refuse rather than create the maps for them.
+				if err := g.refuseIfManaged(); err != nil {
+					return err
+				}
+				s, err := g.openExisting()
 				if err != nil {
 					return err
 				}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -18,6 +19,15 @@ import (
 // MaxCommentLen is the longest comment the data path's comment map stores
 // (COMMENT_LEN less the terminating NUL).
 const MaxCommentLen = 63
+
+// MaxFileSize is the most of a rule file that moat reads: input without
+// end (/dev/zero, a pipe that never closes) would otherwise take all the
+// memory there is. It leaves room for what moat's own export writes: a
+// million IPv4 deny entries with expiries and hit counts are about 125 MB
+// of JSON, a million IPv6 ones about 150 MB, so a deny list of four
+// million timed entries still fits. (Feeds, fetched from other hosts,
+// take less: feed.MaxSize.)
+const MaxFileSize = 1 << 30
 
 // Ruleset is the JSON form of every rule moat holds: what `moat export`
 // writes and `moat import` reads.
@@ -197,14 +207,41 @@ func firstRepeat(entries []PrefixEntry) int {
 // by plainList ("deny" or "allow"). Any bad line fails the whole file, and
 // the error names the line.
 func ReadRuleset(name string, r io.Reader, plainList string) (*Ruleset, error) {
-	data, err := io.ReadAll(r)
+	data, err := ReadAll(name, r)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %v", name, err)
+		return nil, err
 	}
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
 		return readJSON(name, data)
 	}
 	return readPlain(name, data, plainList)
+}
+
+// ReadAll reads a rule file whole, up to MaxFileSize bytes. A regular
+// file larger than that is refused before a byte of it is read.
+func ReadAll(name string, r io.Reader) ([]byte, error) {
+	if f, ok := r.(interface{ Stat() (fs.FileInfo, error) }); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() > MaxFileSize {
+			return nil, tooLarge(name, MaxFileSize)
+		}
+	}
+	return readAll(name, r, MaxFileSize)
+}
+
+// readAll is ReadAll for a stream, which says its size only by ending.
+func readAll(name string, r io.Reader, max int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	if int64(len(data)) > max {
+		return nil, tooLarge(name, max)
+	}
+	return data, nil
+}
+
+func tooLarge(name string, max int64) error {
+	return fmt.Errorf("%s: too large: moat reads rule files of up to %d MiB", name, max>>20)
 }
 
 func readJSON(name string, data []byte) (*Ruleset, error) {

@@ -2,7 +2,10 @@ package rules
 
 import (
 	"encoding/json"
+	"io"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -379,5 +382,50 @@ func TestReadRulesetJSONBareAddress(t *testing.T) {
 	}
 	if len(rs.Allow) != 1 || rs.Allow[0].Expires == nil || !rs.Allow[0].Expires.Equal(time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)) {
 		t.Errorf("allow %+v", rs.Allow)
+	}
+}
+
+// endless is an input that never ends (/dev/zero); it counts what was
+// read of it.
+type endless struct{ n int64 }
+
+func (e *endless) Read(p []byte) (int, error) {
+	clear(p)
+	e.n += int64(len(p))
+	return len(p), nil
+}
+
+// TestReadRulesetTooLarge: a rule file is read up to a maximum and no
+// further: a stream past it is cut off there and refused, and a regular
+// file larger than MaxFileSize is refused before a byte of it is read.
+func TestReadRulesetTooLarge(t *testing.T) {
+	const max = 1 << 20
+	if _, err := readAll("blank", strings.NewReader(strings.Repeat(" ", max-1)+"\n"), max); err != nil {
+		t.Errorf("a file of the maximum size: %v", err)
+	}
+	var in endless
+	_, err := readAll("endless", &in, max)
+	if want := "endless: too large: moat reads rule files of up to 1 MiB"; err == nil || err.Error() != want {
+		t.Errorf("endless input: error %v, want %q", err, want)
+	}
+	if in.n > max+1 {
+		t.Errorf("read %d bytes of an endless input, want at most %d", in.n, max+1)
+	}
+
+	name := filepath.Join(t.TempDir(), "huge.netset")
+	f, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// Sparse: it takes no room on disk.
+	if err := f.Truncate(MaxFileSize + 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadRuleset(name, f, "deny"); err == nil || !strings.Contains(err.Error(), name+": too large") {
+		t.Errorf("a file past MaxFileSize: error %v, want it too large", err)
+	}
+	if off, _ := f.Seek(0, io.SeekCurrent); off != 0 {
+		t.Errorf("%d bytes read of a file that is too large", off)
 	}
 }
