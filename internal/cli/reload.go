@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -53,8 +54,21 @@ func newReloadCmd(g *globals) *cobra.Command {
 				return errors.New("reload failed part way; see the daemon's log")
 			}
 			ch := res.Changes
-			fmt.Fprintf(cmd.OutOrStdout(), "reloaded in %s: %d entries written, %d removed, %d port rule changes, %d SYN port changes",
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "reloaded in %s: %d entries written, %d removed, %d port rule changes, %d SYN port changes",
 				res.Took.Round(1e6), ch.Added, ch.Removed, ch.PortRules, ch.SYNPorts)
+			if ch.MonitorBlocks > 0 {
+				fmt.Fprintf(out, " (of those removed, %d monitor mode auto-blocks)", ch.MonitorBlocks)
+			}
+			if ch.Limits > 0 {
+				fmt.Fprintf(out, ", %d rate limit changes", ch.Limits)
+			}
+			if len(ch.Policy) > 0 {
+				fmt.Fprintf(out, ", policy changed (%s)", strings.Join(ch.Policy, ", "))
+			}
+			if len(ch.LimitSettings) > 0 {
+				fmt.Fprintf(out, ", limit settings changed (%s)", strings.Join(ch.LimitSettings, ", "))
+			}
 			if len(ch.Attached) > 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), ", attached %v", ch.Attached)
 			}

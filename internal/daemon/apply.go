@@ -24,6 +24,18 @@ type Changes struct {
 	Attached  []string `json:"attached,omitempty"`
 	Detached  []string `json:"detached,omitempty"`
 	SYNPorts  int      `json:"syn_ports"`
+	// Limits counts the rate limits added, changed or removed.
+	Limits int `json:"limits"`
+	// Policy and LimitSettings name the switches of policy: and
+	// limit_settings: whose value changed ("monitor", "gate"...).
+	Policy        []string `json:"policy,omitempty"`
+	LimitSettings []string `json:"limit_settings,omitempty"`
+	// MonitorBlocks is how many of Removed were monitor mode's
+	// auto-blocks, deleted because monitor mode was turned off.
+	MonitorBlocks int `json:"monitor_blocks,omitempty"`
+
+	// keyRotated: applySYN rotated the SYN cookie key (see newPeriods).
+	keyRotated bool
 
 	// applied is what the maps were made to hold; once the whole
 	// config is in place, its run-time rules that the config now holds
@@ -77,7 +89,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			return ch, refused(fmt.Errorf("interfaces: %s: the mode changes from %s to %s; that needs a restart (detach, then start)", i.Name, o.Mode, i.Mode))
 		}
 	}
-	want := d.desired(set, fs.lists(nil, nil))
+	want := d.desired(set, fs.lists(nil))
 	if len(want.portOverlaps) > 0 {
 		held, err := s.PortRules()
 		if err != nil {
@@ -175,7 +187,7 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 
 	// Rate limits first: ratelimit.Apply checks every limit before it
 	// changes one.
-	if err := d.applyLimits(s, cfg); err != nil {
+	if err := d.applyLimits(s, cfg, &ch); err != nil {
 		return ch, err
 	}
 	if err := d.applyRules(s, want, plan, &ch); err != nil {
@@ -212,8 +224,8 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 		}
 	}
 
-	n, err := d.applySYN(s, cfg)
-	ch.SYNPorts = n
+	n, rotated, err := d.applySYN(s, cfg)
+	ch.SYNPorts, ch.keyRotated = n, rotated
 	return ch, err
 }
 
@@ -236,7 +248,8 @@ func liveAttachments(s *shield.Shield) (map[string]bool, error) {
 
 // applyLimits makes the rate limits the config's. Limits whose kind and
 // scope stay are updated in place; new ones go in before old ones go.
-func (d *Daemon) applyLimits(s *shield.Shield, cfg *config.Config) error {
+// ch counts the limits that changed and names the switches that did.
+func (d *Daemon) applyLimits(s *shield.Shield, cfg *config.Config, ch *Changes) error {
 	m, err := ratelimit.NewMaps(s.Map)
 	if err != nil {
 		if len(cfg.Limits) == 0 {
@@ -244,19 +257,88 @@ func (d *Daemon) applyLimits(s *shield.Shield, cfg *config.Config) error {
 		}
 		return err
 	}
+	before, err := m.Limits()
+	if err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
 	if err := ratelimit.Apply(m, cfg.RateLimits()); err != nil {
 		return fmt.Errorf("limits: %w", err)
 	}
+	// Compared as stored, defaults filled in: a limit the config
+	// writes otherwise but means the same is no change.
+	after, err := m.Limits()
+	if err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
+	ch.Limits = limitChanges(before, after)
 	if cfg.LimitSettings.Given() {
 		cur, err := m.Config()
 		if err != nil {
 			return fmt.Errorf("limit settings: %w", err)
 		}
-		if err := m.Configure(cfg.LimitSettings.Apply(cur)); err != nil {
+		next := cfg.LimitSettings.Apply(cur)
+		if next == cur {
+			return nil
+		}
+		if err := m.Configure(next); err != nil {
 			return fmt.Errorf("limit settings: %w", err)
 		}
+		ch.LimitSettings = limitSettingsChanged(cur, next)
+		d.log.Info("limit settings changed", "switches", strings.Join(ch.LimitSettings, ","))
 	}
 	return nil
+}
+
+// limitChanges counts the limits added or changed (in after, not as they
+// were in before) and removed (their kind and scope gone).
+func limitChanges(before, after []ratelimit.Status) int {
+	n := 0
+	for _, a := range after {
+		if !slices.ContainsFunc(before, func(b ratelimit.Status) bool { return b.Limit == a.Limit }) {
+			n++
+		}
+	}
+	for _, b := range before {
+		if !slices.ContainsFunc(after, func(a ratelimit.Status) bool { return a.Kind == b.Kind && a.Scope == b.Scope }) {
+			n++
+		}
+	}
+	return n
+}
+
+// limitSettingsChanged names, by their limit_settings keys, the switches
+// that differ between a and b.
+func limitSettingsChanged(a, b ratelimit.Config) []string {
+	var out []string
+	if a.Shape != b.Shape {
+		out = append(out, "shape")
+	}
+	if a.HeavyHitters != b.HeavyHitters {
+		out = append(out, "heavy_hitters")
+	}
+	if a.Sample != b.Sample {
+		out = append(out, "sample")
+	}
+	if a.Gate != b.Gate {
+		out = append(out, "gate")
+	}
+	return out
+}
+
+// policyChanged names, by their policy keys, the settings that differ
+// between a and b.
+func policyChanged(a, b rules.Settings) []string {
+	var out []string
+	if a.Fragments != b.Fragments {
+		out = append(out, "fragments")
+	}
+	if a.Malformed != b.Malformed {
+		out = append(out, "malformed")
+	}
+	if a.Monitor != b.Monitor {
+		out = append(out, "monitor")
+	}
+	return out
 }
 
 // wanted is the rules the maps should hold.
@@ -512,10 +594,30 @@ func (d *Daemon) applyRules(s *shield.Shield, w *wanted, p *rulePlan, ch *Change
 	if cur, err := s.Settings(); err != nil {
 		return err
 	} else if cur != w.settings {
+		// Leaving monitor mode deletes the trial's auto-blocks
+		// (shield.SetSettings): counted here, as the data path writes
+		// no more of them once the monitor bit is off. One read of the
+		// denylist, at a change of the policy only.
+		monitorBlocks := 0
+		if cur.Monitor && !w.settings.Monitor {
+			have, err := s.Entries(shield.DenyList)
+			if err != nil {
+				return err
+			}
+			for _, e := range have {
+				if e.Monitor {
+					monitorBlocks++
+				}
+			}
+		}
 		if err := s.SetSettings(w.settings); err != nil {
 			return err
 		}
-		d.log.Info("policy changed", "fragments", w.settings.Fragments, "malformed", w.settings.Malformed, "monitor", w.settings.Monitor)
+		ch.Policy = policyChanged(cur, w.settings)
+		ch.Removed += monitorBlocks
+		ch.MonitorBlocks += monitorBlocks
+		d.log.Info("policy changed", "fragments", w.settings.Fragments, "malformed", w.settings.Malformed, "monitor", w.settings.Monitor,
+			"monitor_blocks_removed", monitorBlocks)
 	}
 
 	for _, l := range []shield.List{shield.AllowList, shield.DenyList} {
@@ -565,19 +667,19 @@ func (d *Daemon) applyPorts(s *shield.Shield, want []rules.PortEntry, ch *Change
 // outside the config are turned off: with the daemon, SYN protection is
 // the config's. A port whose settings did not change is left alone, as
 // protecting it again would reset its counters and flood state.
-func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
+// rotated says whether it rotated the key.
+func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (changed int, rotated bool, err error) {
 	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
 	keys, rotation := s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation)
 	census := s.Map(datapath.MoatMapSynCensus)
 	if ports == nil || counters == nil || keys == nil || rotation == nil || census == nil {
-		return 0, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
+		return 0, false, fmt.Errorf("the pinned state under %s has no SYN defence maps", s.Root())
 	}
 	// One read of syn_ports for the whole change, not one per port.
 	table, err := syncookie.ReadPortTable(ports, counters, census)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	changed := 0
 	if len(cfg.SYN.Ports) > 0 {
 		// A rotation is due at once when there is no key yet, or when
 		// the last one is a period old or more (the keys of a stopped
@@ -586,13 +688,14 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 		// it takes for stale, and no cookies, until then.
 		ks, err := syncookie.Keys(rotation, s.Map(datapath.MoatMapSynSettings))
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		if ks.Rotations == 0 || ks.Age >= cfg.SYN.RotateEvery {
 			gen, err := syncookie.Rotate(keys, rotation)
 			if err != nil {
-				return 0, err
+				return 0, false, err
 			}
+			rotated = true
 			d.log.Debug("rotated SYN cookie key", "generation", gen, "previous_age", ks.Age.Round(time.Second))
 		}
 		// The rotation period too: the data path takes keys older than
@@ -601,7 +704,7 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 			Hold: cfg.SYN.Hold, CookieLifetime: cfg.SYN.CookieLifetime,
 			RotationPeriod: cfg.SYN.RotateEvery,
 		}); err != nil {
-			return 0, err
+			return 0, rotated, err
 		}
 	}
 	want := map[uint16]bool{}
@@ -612,7 +715,7 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 	for _, port := range table.Ports() {
 		if !want[port] {
 			if err := table.Protect(port, syncookie.ModeOff, 0); err != nil {
-				return changed, err
+				return changed, rotated, err
 			}
 			d.log.Info("SYN protection removed", "port", port)
 			changed++
@@ -623,10 +726,10 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (int, error) {
 			continue
 		}
 		if err := table.Protect(p.Port, p.ProtectMode(), p.Threshold); err != nil {
-			return changed, err
+			return changed, rotated, err
 		}
 		d.log.Info("SYN protection set", "port", p.Port, "mode", p.Mode, "threshold_per_sec", p.Threshold)
 		changed++
 	}
-	return changed, nil
+	return changed, rotated, nil
 }

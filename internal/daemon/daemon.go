@@ -360,6 +360,17 @@ func listen(path string) (net.Listener, error) {
 	return ln, nil
 }
 
+// LockPath is the lock file a daemon holds on root for its life (see
+// lockDaemon): the CLI asks it whether a daemon manages a root.
+func LockPath(root string) (string, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return fmt.Sprintf("/run/moat-daemon-%s-%x.lock", filepath.Base(abs), sum[:4]), nil
+}
+
 // lockDaemon makes the daemon the only one on its root: two daemons would
 // each remove the other's runtime rules as entries their state file lacks.
 // The flock is held for the daemon's life and goes with the process, even
@@ -368,17 +379,22 @@ func listen(path string) (net.Listener, error) {
 // a daemon knows before bpffs is mounted there (an inode would change with
 // the mount).
 func lockDaemon(root, socket string) (*os.File, error) {
-	abs, err := filepath.Abs(root)
+	path, err := LockPath(root)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s for the daemon: %w", root, err)
 	}
-	sum := sha256.Sum256([]byte(abs))
-	path := fmt.Sprintf("/run/moat-daemon-%s-%x.lock", filepath.Base(abs), sum[:4])
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s for the daemon: %w", root, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	// The CLI takes the lock shared for a moment to ask whether a daemon
+	// holds it (LockPath): a daemon starting then waits that moment out.
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	for tries := 0; errors.Is(err, unix.EWOULDBLOCK) && tries < 20; tries++ {
+		time.Sleep(10 * time.Millisecond)
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
 		holder, _ := io.ReadAll(io.LimitReader(f, 256))
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
@@ -425,9 +441,23 @@ func (d *Daemon) Expire() (ExpireResult, error) { return d.expireRules(true) }
 // expireRules is expire and Expire; force reads the denylist for expired
 // auto-blocks even within autoScanEvery of the last read.
 func (d *Daemon) expireRules(force bool) (ExpireResult, error) {
+	fed := 0
+	defer func() {
+		if fed > 0 {
+			releaseMemory() // as after a feed's change, once the lock is free
+		}
+	}()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
+	// Feeds first: a run-time rule or auto-block that expires below
+	// hands its prefix back to a feed's entry, which must not be one
+	// that has expired too.
+	fed, err := d.expireFeeds(now)
+	if err != nil {
+		// The rest expire all the same.
+		d.log.Error("expire feed entries", "err", err)
+	}
 	auto, err := d.expireAutoBlocks(now, force)
 	if err != nil {
 		// The timed rules expire all the same.
@@ -442,7 +472,7 @@ func (d *Daemon) expireRules(force bool) (ExpireResult, error) {
 		}
 	}
 	if len(due[0])+len(due[1]) == 0 {
-		return ExpireResult{Removed: auto}, nil
+		return ExpireResult{Removed: fed + auto}, nil
 	}
 	err = d.withShield(func(s *shield.Shield) error {
 		for l, prefixes := range due {
@@ -471,7 +501,7 @@ func (d *Daemon) expireRules(force bool) (ExpireResult, error) {
 		d.log.Error("save state", "err", err)
 	}
 	d.log.Info("expired timed rules", "count", n)
-	return ExpireResult{Removed: n + auto}, nil
+	return ExpireResult{Removed: n + auto + fed}, nil
 }
 
 // autoScanEvery is how often at most Expire reads the whole denylist for
@@ -680,7 +710,7 @@ func (d *Daemon) Reload() ReloadResult {
 	d.dropShadowed(ch.applied)
 	old := d.cfg
 	d.cfg = cfg
-	d.newPeriods(old, cfg)
+	d.newPeriods(old, cfg, ch.keyRotated)
 	d.useFeeds(fs)
 	d.keepSet(cfg, set)
 	if err := state.Save(cfg.Daemon.StateFile, d.st); err != nil {
@@ -691,20 +721,26 @@ func (d *Daemon) Reload() ReloadResult {
 	d.lastReload = time.Now()
 	res := ReloadResult{OK: true, Took: time.Since(start), Changes: ch, Reloaded: d.lastReload}
 	d.log.Info("reloaded", "took", res.Took.Round(time.Millisecond), "added", ch.Added, "removed", ch.Removed,
-		"port_rules", ch.PortRules, "attached", len(ch.Attached), "detached", len(ch.Detached), "syn_ports", ch.SYNPorts)
+		"port_rules", ch.PortRules, "attached", len(ch.Attached), "detached", len(ch.Detached), "syn_ports", ch.SYNPorts,
+		"limits", ch.Limits, "policy", strings.Join(ch.Policy, ","), "limit_settings", strings.Join(ch.LimitSettings, ","),
+		"monitor_blocks_removed", ch.MonitorBlocks)
 	return res
 }
 
 // newPeriods tells the main loop of changed timer periods after a reload.
 // A shorter key rotation period takes effect at once: the data path
 // judges keys stale by the period now configured, and would issue no
-// cookie until the next rotation. Called with d.mu held.
-func (d *Daemon) newPeriods(old, cfg *config.Config) {
+// cookie until the next rotation. One rotation per reload at most
+// (rotated: the reload's applySYN rotated already): a cookie is valid
+// under the current key and the one before, and a second rotation would
+// drop both keys that a handshake in flight may use. Called with d.mu
+// held.
+func (d *Daemon) newPeriods(old, cfg *config.Config, rotated bool) {
 	if old.Daemon.ExpireEvery == cfg.Daemon.ExpireEvery && old.SYN.RotateEvery == cfg.SYN.RotateEvery &&
 		old.Daemon.SampleEvery == cfg.Daemon.SampleEvery {
 		return
 	}
-	if cfg.SYN.RotateEvery < old.SYN.RotateEvery {
+	if cfg.SYN.RotateEvery < old.SYN.RotateEvery && !rotated {
 		d.rotateLocked()
 	}
 	select {
@@ -743,14 +779,35 @@ func (d *Daemon) useFeeds(fs *feedSet) {
 }
 
 // checkStatic refuses a reload that changes what only a restart can
-// change: where the state lives and where the API listens.
+// change: where the state lives, where the API listens, the logger, the
+// metrics and share listeners. The refusal names the keys that changed,
+// so the operator knows which edit to take back.
 func checkStatic(old, cfg *config.Config) error {
-	if old.Daemon.BPFRoot != cfg.Daemon.BPFRoot || old.Daemon.StateFile != cfg.Daemon.StateFile ||
-		old.Daemon.Socket != cfg.Daemon.Socket || old.Daemon.FeedDir != cfg.Daemon.FeedDir ||
-		old.Daemon.LogFormat != cfg.Daemon.LogFormat || !sameMetrics(old.Metrics, cfg.Metrics) || old.Share != cfg.Share {
-		return errors.New("daemon.bpffs_root, daemon.state_file, daemon.socket, daemon.feed_dir, daemon.log_format, metrics and share change only with a restart")
+	var changed []string
+	for _, k := range []struct {
+		key  string
+		same bool
+	}{
+		{"daemon.bpffs_root", old.Daemon.BPFRoot == cfg.Daemon.BPFRoot},
+		{"daemon.state_file", old.Daemon.StateFile == cfg.Daemon.StateFile},
+		{"daemon.socket", old.Daemon.Socket == cfg.Daemon.Socket},
+		{"daemon.feed_dir", old.Daemon.FeedDir == cfg.Daemon.FeedDir},
+		{"daemon.log_format", old.Daemon.LogFormat == cfg.Daemon.LogFormat},
+		{"metrics", sameMetrics(old.Metrics, cfg.Metrics)},
+		{"share", old.Share == cfg.Share},
+	} {
+		if !k.same {
+			changed = append(changed, k.key)
+		}
 	}
-	return nil
+	switch len(changed) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%s changes only with a restart", changed[0])
+	default:
+		return fmt.Errorf("%s and %s change only with a restart", strings.Join(changed[:len(changed)-1], ", "), changed[len(changed)-1])
+	}
 }
 
 func sameMetrics(a, b config.Metrics) bool {

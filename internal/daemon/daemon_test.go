@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +25,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-shield/moat/internal/daemon"
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/flood"
 	"github.com/moat-shield/moat/internal/lab"
@@ -1514,6 +1517,85 @@ func TestReloadThroughTheAPIChangesPeriods(t *testing.T) {
 	}
 	if r := e.moat("reload"); r.code == 0 || !strings.Contains(r.stderr, "daemon.log_format") {
 		t.Errorf("a reload changing daemon.log_format: %+v, want refused naming it", r)
+	}
+}
+
+// TestReloadShorteningTheRotationRotatesOnce: a reload that shortens
+// syn.rotate_every below the key's age rotates the key once, not once for
+// the key's age and again for the shorter period: a cookie is valid under
+// the current key and the one before, and two rotations in one reload
+// would drop both keys a handshake in flight may use.
+func TestReloadShorteningTheRotationRotatesOnce(t *testing.T) {
+	e := newEnv(t)
+	body := "interfaces:\n  - name: %s\nsyn:\n  rotate_every: %s\n  ports:\n    - port: 443\n      mode: always\n"
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "50s"))
+	e.start()
+	// Younger than the old period, older than the new: due at the reload.
+	before := e.keys(15 * time.Second)
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), "10s"))
+	e.mustMoat("reload")
+	if k := e.keys(0); k.Rotations != before.Rotations+1 || k.Stale {
+		t.Errorf("a reload from 50s to 10s with keys 15s old: %d rotations -> %d (stale %v), want %d\ndaemon log:\n%s",
+			before.Rotations, k.Rotations, k.Stale, before.Rotations+1, e.log)
+	}
+}
+
+// reloadAPI reloads through the daemon's API and returns its answer,
+// which says more than the CLI prints.
+func (e *env) reloadAPI() daemon.ReloadResult {
+	e.t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", e.sock)
+	}}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://moat/v1/reload", "application/json", nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var res daemon.ReloadResult
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		e.t.Fatal(err)
+	}
+	if !res.OK {
+		e.t.Fatalf("reload: %+v\ndaemon log:\n%s", res, e.log)
+	}
+	return res
+}
+
+// TestReloadReportsLimitsAndPolicy: a reload's answer, and its log line,
+// say what changed in limits, policy and limit_settings too, and count
+// among the removed entries the auto-blocks that leaving monitor mode
+// deleted. A reload that changes nothing says so.
+func TestReloadReportsLimitsAndPolicy(t *testing.T) {
+	e := newEnv(t)
+	body := "interfaces:\n  - name: %s\n%slimits:\n  - {kind: source, scope: udp, pps: %d, burst_packets: 3, block: 1m}\nlimit_settings:\n  gate: none\n  sample: %d\n"
+	e.writeConfig(fmt.Sprintf(body, e.clientIf(), "policy:\n  monitor: true\n", 1, 64))
+	e.start()
+	sink := e.listenUDP()
+	client := e.lab.Client.Ifaces[0].IPv4.Addr().String()
+	for range 8 {
+		e.sendFromClient(sink, 20*time.Millisecond)
+	}
+	e.waitRules("a monitor mode auto-block", func(r []string) bool {
+		return slices.ContainsFunc(r, func(l string) bool { return strings.HasPrefix(l, "deny "+client+"/32 monitor mode: ") })
+	})
+
+	e.writeConfig(fmt.Sprintf(body, e.clientIf(), "", 2, 1024))
+	ch := e.reloadAPI().Changes
+	if ch.Limits != 1 || fmt.Sprint(ch.Policy) != "[monitor]" || fmt.Sprint(ch.LimitSettings) != "[sample]" ||
+		ch.MonitorBlocks != 1 || ch.Removed != 1 || ch.Added != 0 {
+		t.Errorf("reload out of monitor mode, a limit and the sample changed: %+v, want 1 limit, policy [monitor], limit settings [sample], 1 removed (a monitor block)", ch)
+	}
+	if !strings.Contains(e.log.String(), "removed=1 port_rules=0 attached=0 detached=0 syn_ports=0 limits=1 policy=monitor limit_settings=sample monitor_blocks_removed=1") {
+		t.Errorf("the reload's log line does not say what changed:\n%s", e.log)
+	}
+	if r := e.rulesNow(); slices.ContainsFunc(r, func(l string) bool { return strings.HasPrefix(l, "deny "+client+"/32") }) {
+		t.Errorf("the monitor mode auto-block is still listed: %q", r)
+	}
+
+	if ch := e.reloadAPI().Changes; ch.Limits != 0 || ch.Policy != nil || ch.LimitSettings != nil || ch.Removed != 0 || ch.Added != 0 {
+		t.Errorf("a reload of the same config: %+v, want no change", ch)
 	}
 }
 

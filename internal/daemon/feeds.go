@@ -55,18 +55,18 @@ func (d *Daemon) openFeeds(cfg *config.Config, old *feedSet) (*feedSet, error) {
 	return fs, nil
 }
 
-// lists is the entries of every feed by list, the update standing in for
-// its feed's copy. Entries the same feed lists twice cannot occur; a
-// prefix two feeds hold is resolved by desired.
-func (fs *feedSet) lists(f *feed.Feed, up *feed.Update) [2][]rules.PrefixEntry {
+// lists is the entries of every feed by list, a copy in instead standing
+// in for its feed's current one. Entries the same feed lists twice cannot
+// occur; a prefix two feeds hold is resolved by desired.
+func (fs *feedSet) lists(instead map[*feed.Feed]*rules.Ruleset) [2][]rules.PrefixEntry {
 	var out [2][]rules.PrefixEntry
 	if fs == nil {
 		return out
 	}
 	for _, x := range fs.feeds {
 		rs := x.Rules()
-		if x == f && up != nil {
-			rs = up.Rules
+		if r, ok := instead[x]; ok {
+			rs = r
 		}
 		if rs == nil {
 			continue
@@ -213,7 +213,7 @@ func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 	var ch Changes
 	err := func() error {
 		return d.withShield(func(s *shield.Shield) error {
-			w := d.desired(d.cfgSet, d.feeds.lists(f, up))
+			w := d.desired(d.cfgSet, d.feeds.lists(map[*feed.Feed]*rules.Ruleset{f: up.Rules}))
 			p, err := d.planRules(s, w)
 			if err != nil {
 				return err
@@ -231,6 +231,53 @@ func (d *Daemon) applyFeed(f *feed.Feed, up *feed.Update) {
 	}
 	d.log.Info("feed applied", "url", f.Src.URL, "allow", len(up.Rules.Allow), "deny", len(up.Rules.Deny),
 		"added", ch.Added, "removed", ch.Removed, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// expireFeeds takes the feeds' entries whose time has passed out of the
+// maps and out of the feeds' copies and counts, and says how many went.
+// The data path ignores them already, but a server may serve them for a
+// while (a static file for ever), and the same bytes are no new copy.
+// They go through the diff a feed's new copy takes, all feeds in one: a
+// prefix that the config, a run-time rule or another feed also holds
+// keeps that entry, written in place of the feed's. Nothing is read while
+// no feed entry has come due. Called with d.mu held.
+func (d *Daemon) expireFeeds(now time.Time) (int, error) {
+	if d.feeds == nil || d.cfgSet == nil {
+		return 0, nil // no feeds: the config's rules are not kept
+	}
+	due := map[*feed.Feed]*feed.Expiry{}
+	instead := map[*feed.Feed]*rules.Ruleset{}
+	n := 0
+	for _, f := range d.feeds.feeds {
+		if e := f.Expired(now); e != nil {
+			due[f], instead[f] = e, e.Rules
+			n += e.Dropped
+		}
+	}
+	if len(due) == 0 {
+		return 0, nil
+	}
+	defer lowerGC()()
+	start := time.Now()
+	var ch Changes
+	err := d.withShield(func(s *shield.Shield) error {
+		w := d.desired(d.cfgSet, d.feeds.lists(instead))
+		p, err := d.planRules(s, w)
+		if err != nil {
+			return err
+		}
+		return d.applyRules(s, w, p, &ch)
+	})
+	if err != nil {
+		// The copies keep the entries: the next run tries again.
+		return 0, err
+	}
+	for f, e := range due {
+		f.DropExpired(e)
+		d.log.Info("expired feed entries", "url", f.Src.URL, "count", e.Dropped)
+	}
+	d.log.Debug("expired feed entries applied", "added", ch.Added, "removed", ch.Removed, "took", time.Since(start).Round(time.Millisecond))
+	return n, nil
 }
 
 // saveFeed saves a feed's copy that could not be saved when it was

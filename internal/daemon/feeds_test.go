@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -396,5 +397,74 @@ func TestBlockAgainOverAFeedAfterExpiry(t *testing.T) {
 	e.mustMoat("block", "192.0.2.60", "--ttl", "1h", "--comment", "again")
 	if r := e.rulesNow(); !contains(r, "deny 192.0.2.60/32 again") {
 		t.Fatalf("the new block is not in place:\n%s", strings.Join(r, "\n"))
+	}
+}
+
+// timedList is a feed's JSON deny list: each entry a prefix and its
+// expiry ("" none), commented "feed one".
+func timedList(entries ...[2]string) string {
+	var parts []string
+	for _, x := range entries {
+		e := fmt.Sprintf(`{"prefix":%q,"comment":"feed one"`, x[0])
+		if x[1] != "" {
+			e += fmt.Sprintf(`,"expires":%q`, x[1])
+		}
+		parts = append(parts, e+"}")
+	}
+	return `{"deny":[` + strings.Join(parts, ",") + "]}\n"
+}
+
+// TestFeedEntriesExpire: a feed's entries whose time has passed leave the
+// maps and the feed's counts, through moat expire and through the
+// daemon's timer, though the server serves the same bytes for ever. A
+// prefix the config or another feed also holds keeps that entry.
+func TestFeedEntriesExpire(t *testing.T) {
+	e := newEnv(t)
+	e.expireEvery = "1h" // moat expire first; the timer after a reload
+	timed := newListServer(t, e, timedList([2]string{"198.18.9.20", ""}))
+	plain := newListServer(t, e, "198.18.9.14\n")
+	body := "interfaces:\n  - name: %s\ndeny:\n  - prefix: 198.18.9.13\n    comment: config\nlists:\n  - url: %s\n    refresh: 1s\n  - url: %s\n    refresh: 1s\n"
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), timed.URL, plain.URL))
+	e.start()
+	// Set once the daemon runs: an entry expired when fetched is left
+	// out at once.
+	expires := time.Now().Add(5 * time.Second).UTC().Truncate(time.Second)
+	at := expires.Format(time.RFC3339)
+	timed.set(timedList([2]string{"198.18.9.12", at}, [2]string{"198.18.9.13", at}, [2]string{"198.18.9.14", at}, [2]string{"198.18.9.20", ""}))
+	e.waitRules("the timed entries", func(r []string) bool {
+		return contains(r, "deny 198.18.9.12/32 feed one") && contains(r, "deny 198.18.9.14/32 feed one")
+	})
+	time.Sleep(time.Until(expires) + 200*time.Millisecond)
+	if f := e.feeds(); f[0].Deny != 4 || f[1].Deny != 1 {
+		t.Fatalf("feeds before moat expire: %+v", f)
+	}
+
+	if r := e.mustMoat("expire"); !strings.Contains(r.stdout, "removed 3 expired entries") {
+		t.Errorf("moat expire after the feed's entries expired said %q\ndaemon log:\n%s", r.stdout, e.log)
+	}
+	r := e.rulesNow()
+	for _, want := range []string{"deny 198.18.9.13/32 config", "deny 198.18.9.14/32", "deny 198.18.9.20/32 feed one"} {
+		if !contains(r, want) {
+			t.Errorf("after moat expire, rules lack %q:\n%s", want, strings.Join(r, "\n"))
+		}
+	}
+	if slices.ContainsFunc(r, func(l string) bool { return strings.HasPrefix(l, "deny 198.18.9.12/32") }) {
+		t.Errorf("after moat expire, the expired feed entry is still listed:\n%s", strings.Join(r, "\n"))
+	}
+	if f := e.feeds(); f[0].Deny != 1 || f[1].Deny != 1 {
+		t.Errorf("feeds after moat expire: %+v, want 1 entry each", f)
+	}
+
+	e.expireEvery = "1s"
+	e.writeConfig(fmt.Sprintf(body, e.attackerIf(), timed.URL, plain.URL))
+	e.mustMoat("reload")
+	at = time.Now().Add(4 * time.Second).UTC().Format(time.RFC3339)
+	timed.set(timedList([2]string{"198.18.9.15", at}, [2]string{"198.18.9.20", ""}))
+	e.waitRules("the second timed entry", func(r []string) bool { return contains(r, "deny 198.18.9.15/32 feed one") })
+	e.waitRules("the timer expires it", func(r []string) bool {
+		return !contains(r, "deny 198.18.9.15/32 feed one") && contains(r, "deny 198.18.9.20/32 feed one")
+	})
+	if f := e.feeds(); f[0].Deny != 1 {
+		t.Errorf("feeds after the timer: %+v, want 1 entry in the first", f)
 	}
 }

@@ -133,6 +133,41 @@ func TestReloadRefusalsAreRefusals(t *testing.T) {
 	e.refusedReload("net.ipv4.tcp_syncookies is 0")
 }
 
+// TestReloadRefusalNamesTheKeysThatChanged: a reload that changes what
+// only a restart can change is refused naming the keys that changed, and
+// no other: the operator must know which edit to take back.
+func TestReloadRefusalNamesTheKeysThatChanged(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", e.attackerIf()))
+	e.start()
+	good, err := os.ReadFile(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logFormat := strings.NewReplacer("  log_level: debug\n", "  log_level: debug\n  log_format: json\n")
+	topEntries := strings.NewReplacer("metrics:\n  enabled: false\n", "metrics:\n  enabled: false\n  top_entries: 5\n")
+	for _, tc := range []struct {
+		edits []*strings.Replacer
+		want  string
+	}{
+		{[]*strings.Replacer{logFormat}, "daemon.log_format changes only with a restart"},
+		{[]*strings.Replacer{topEntries}, "metrics changes only with a restart"},
+		{[]*strings.Replacer{logFormat, topEntries}, "daemon.log_format and metrics change only with a restart"},
+	} {
+		text := string(good)
+		for _, r := range tc.edits {
+			text = r.Replace(text)
+		}
+		if err := os.WriteFile(e.cfg, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := e.moat("reload")
+		if stderr := strings.TrimSpace(r.stderr); r.code != 2 || !strings.HasSuffix(stderr, "unchanged: "+tc.want) {
+			t.Errorf("reload: exit %d, stderr %q; want exit 2 and a refusal that ends %q", r.code, stderr, tc.want)
+		}
+	}
+}
+
 // A change whose old and new entries do not fit in a map together (new
 // ones are written before stale ones go) is refused before the first
 // write, naming the map and the numbers; so is one with too many port

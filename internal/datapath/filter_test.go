@@ -133,6 +133,7 @@ func udpLengthZero(frame []byte) []byte {
 	frame[l4+4], frame[l4+5] = 0, 0
 	return frame
 }
+
 // jumbogram is an untagged IPv6 frame with a hop-by-hop header, with or
 // without the jumbo option, and a payload length of 0 (RFC 2675).
 func jumbogram(l4 testpkt.Transport, option bool) []byte {

@@ -147,13 +147,17 @@ type Feed struct {
 
 	caSum [sha256.Size]byte // of the CA file the client trusts
 
-	mu        sync.Mutex
-	rules     *rules.Ruleset // current copy, expired entries left out
-	sum       [sha256.Size]byte
-	meta      meta
-	st        Status
-	fromCache bool
-	unsaved   *Update // the current copy, if saving it failed: saved again at the next fetch
+	mu    sync.Mutex
+	rules *rules.Ruleset // current copy, expired entries left out
+	// nextExpiry is when the first entry of the current copy expires
+	// (zero: none has an expiry), so that Expired walks the copy only
+	// once one has.
+	nextExpiry time.Time
+	sum        [sha256.Size]byte
+	meta       meta
+	st         Status
+	fromCache  bool
+	unsaved    *Update // the current copy, if saving it failed: saved again at the next fetch
 	// refused is the copy the maps refused last, and until when the
 	// same bytes are not offered again: each try reads the whole lists.
 	refused      [sha256.Size]byte
@@ -272,6 +276,7 @@ func (f *Feed) LoadCache(now time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rules, f.sum, f.meta, f.fromCache = rs, sha256.Sum256(body), m, true
+	f.nextExpiry = firstExpiry(rs)
 	f.st.Allow, f.st.Deny, f.st.FromCache = len(rs.Allow), len(rs.Deny), true
 	f.st.LastChange = m.Fetched
 	return nil
@@ -282,11 +287,11 @@ func (f *Feed) LoadCache(now time.Time) error {
 // the copy in hand stays applied, whatever the disk holds.
 func (f *Feed) Adopt(old *Feed) {
 	old.mu.Lock()
-	rs, sum, m, st, fromCache, unsaved := old.rules, old.sum, old.meta, old.st, old.fromCache, old.unsaved
+	rs, next, sum, m, st, fromCache, unsaved := old.rules, old.nextExpiry, old.sum, old.meta, old.st, old.fromCache, old.unsaved
 	old.mu.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.rules, f.sum, f.meta, f.fromCache, f.unsaved = rs, sum, m, fromCache, unsaved
+	f.rules, f.nextExpiry, f.sum, f.meta, f.fromCache, f.unsaved = rs, next, sum, m, fromCache, unsaved
 	st.Refresh = f.st.Refresh
 	f.st = st
 }
@@ -433,6 +438,7 @@ func (f *Feed) fetch(ctx context.Context, m meta, sum [sha256.Size]byte, have bo
 func (f *Feed) Commit(up *Update, now time.Time) error {
 	f.mu.Lock()
 	f.rules, f.sum, f.meta, f.fromCache = up.Rules, sha256.Sum256(up.body), up.meta, false
+	f.nextExpiry = firstExpiry(up.Rules)
 	f.st.Allow, f.st.Deny = len(up.Rules.Allow), len(up.Rules.Deny)
 	f.st.LastSuccess, f.st.LastChange, f.st.Error, f.st.FromCache = now, now, "", false
 	f.unsaved = nil
@@ -469,6 +475,72 @@ func (f *Feed) Reject(up *Update, err error, now time.Time) {
 	f.st.Failures++
 	f.st.Error = err.Error()
 	f.refused, f.refusedUntil, f.refusedErr = sha256.Sum256(up.body), now.Add(RetryRefusedAfter), err.Error()
+}
+
+// Expiry is a feed's current copy without the entries whose time has
+// passed, made by Expired.
+type Expiry struct {
+	Rules   *rules.Ruleset
+	Dropped int            // entries left out
+	from    *rules.Ruleset // the copy it was made from
+}
+
+// Expired returns the current copy without the entries whose time has
+// passed at now, or nil while none has (without a walk of the copy). The
+// server may keep serving such entries (a static file does for ever), and
+// the same bytes are no new copy: the caller takes them out of the maps
+// and then calls DropExpired.
+func (f *Feed) Expired(now time.Time) *Expiry {
+	f.mu.Lock()
+	rs, next := f.rules, f.nextExpiry
+	f.mu.Unlock()
+	if rs == nil || next.IsZero() || next.After(now) {
+		return nil
+	}
+	// A new ruleset: the current one is shared with its readers.
+	out := &rules.Ruleset{Allow: unexpired(rs.Allow, now), Deny: unexpired(rs.Deny, now), Ports: rs.Ports, Settings: rs.Settings}
+	return &Expiry{Rules: out, Dropped: len(rs.Allow) + len(rs.Deny) - len(out.Allow) - len(out.Deny), from: rs}
+}
+
+// unexpired is a copy of l without the entries whose time passed before
+// now; sorted as l is.
+func unexpired(l []rules.PrefixEntry, now time.Time) []rules.PrefixEntry {
+	out := make([]rules.PrefixEntry, 0, len(l))
+	for _, e := range l {
+		if e.Expires == nil || e.Expires.After(now) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// DropExpired makes the copy of e current, and the counts with it, once
+// the maps no longer hold the entries it left out. The saved copy and the
+// validators stay the server's: the entries that expired are left out
+// again when the copy is read at a start. If another copy became current
+// since e was made, that one stays.
+func (f *Feed) DropExpired(e *Expiry) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.rules != e.from {
+		return
+	}
+	f.rules, f.nextExpiry = e.Rules, firstExpiry(e.Rules)
+	f.st.Allow, f.st.Deny = len(e.Rules.Allow), len(e.Rules.Deny)
+}
+
+// firstExpiry is when the first entry of rs expires; zero if none has an
+// expiry.
+func firstExpiry(rs *rules.Ruleset) time.Time {
+	var first time.Time
+	for _, l := range [][]rules.PrefixEntry{rs.Allow, rs.Deny} {
+		for _, e := range l {
+			if e.Expires != nil && (first.IsZero() || e.Expires.Before(first)) {
+				first = *e.Expires
+			}
+		}
+	}
+	return first
 }
 
 // Forget drops the saved copy of a feed the config no longer names.

@@ -367,3 +367,64 @@ func TestSameSeesACAReplacedInPlace(t *testing.T) {
 		t.Fatal("a CA file replaced in place is Same")
 	}
 }
+
+// TestExpiredEntriesLeaveTheCopy: once an entry's time has passed,
+// Expired offers the copy without it, leaving the current copy as it is
+// until DropExpired, which makes the shorter copy and its counts current.
+// The server's bytes are still no new copy, and a copy committed between
+// Expired and DropExpired stays.
+func TestExpiredEntriesLeaveTheCopy(t *testing.T) {
+	now := time.Now()
+	at := func(d time.Duration) string { return now.Add(d).UTC().Format(time.RFC3339) }
+	body := fmt.Sprintf(`{"deny":[{"prefix":"192.0.2.1","expires":%q},{"prefix":"192.0.2.2","expires":%q},{"prefix":"192.0.2.3"}]}`, at(10*time.Second), at(time.Hour))
+	srv := &server{body: body}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	f := mustNew(t, feed.Source{URL: ts.URL, List: "deny"}, t.TempDir())
+	ctx := context.Background()
+	up, err := f.Fetch(ctx, now)
+	if err != nil || up == nil {
+		t.Fatal(up, err)
+	}
+	if err := f.Commit(up, now); err != nil {
+		t.Fatal(err)
+	}
+	if e := f.Expired(now.Add(5 * time.Second)); e != nil {
+		t.Fatalf("nothing has expired yet, Expired offers %d entries less", e.Dropped)
+	}
+
+	later := now.Add(20 * time.Second)
+	e := f.Expired(later)
+	if e == nil || e.Dropped != 1 || prefixes(e.Rules.Deny) != "192.0.2.2/32 192.0.2.3/32" {
+		t.Fatalf("Expired after the first expiry: %+v", e)
+	}
+	if prefixes(f.Rules().Deny) != "192.0.2.1/32 192.0.2.2/32 192.0.2.3/32" || f.Status().Deny != 3 {
+		t.Fatalf("Expired changed the current copy: %s, %+v", prefixes(f.Rules().Deny), f.Status())
+	}
+	f.DropExpired(e)
+	if prefixes(f.Rules().Deny) != "192.0.2.2/32 192.0.2.3/32" || f.Status().Deny != 2 {
+		t.Fatalf("after DropExpired: %s, %+v", prefixes(f.Rules().Deny), f.Status())
+	}
+	if e := f.Expired(later); e != nil {
+		t.Fatalf("Expired again at once offers %d entries less", e.Dropped)
+	}
+	if up, err := f.Fetch(ctx, later); up != nil || err != nil {
+		t.Fatalf("the same bytes after DropExpired: %v %v", up, err)
+	}
+
+	// A new copy committed meanwhile is not replaced by the old one's
+	// shorter copy.
+	e = f.Expired(now.Add(2 * time.Hour))
+	srv.set(func(s *server) { s.body = "192.0.2.9\n" })
+	up, err = f.Fetch(ctx, later)
+	if err != nil || up == nil {
+		t.Fatal(up, err)
+	}
+	if err := f.Commit(up, later); err != nil {
+		t.Fatal(err)
+	}
+	f.DropExpired(e)
+	if prefixes(f.Rules().Deny) != "192.0.2.9/32" || f.Status().Deny != 1 {
+		t.Fatalf("DropExpired replaced a newer copy: %s, %+v", prefixes(f.Rules().Deny), f.Status())
+	}
+}
