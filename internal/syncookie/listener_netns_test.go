@@ -39,22 +39,7 @@ func TestHandshakeFollowsTheListener(t *testing.T) {
 			type res struct{ cli, srv sockInfo }
 			got := map[uint16]res{}
 			for _, port := range []uint16{labPort, plainPort} {
-				var lcfg net.ListenConfig
-				lcfg.SetMultipathTCP(false)
-				lcfg.Control = func(_, _ string, c syscall.RawConn) error {
-					var e error
-					if tc.opt != nil {
-						c.Control(func(fd uintptr) { e = tc.opt(int(fd)) })
-					}
-					return e
-				}
-				var ln net.Listener
-				if err := s.lab.Server.Do(func() (err error) {
-					ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
-					return err
-				}); err != nil {
-					t.Fatal(err)
-				}
+				ln := s.listenTCP4(t, port, tc.opt)
 				acc := make(chan *net.TCPConn, 1)
 				go func() {
 					c, err := ln.Accept()
@@ -63,13 +48,7 @@ func TestHandshakeFollowsTheListener(t *testing.T) {
 					}
 				}()
 				before := s.status(t)
-				var c net.Conn
-				if err := s.lab.Client.Do(func() (err error) {
-					c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 5*time.Second)
-					return err
-				}); err != nil {
-					t.Fatal(err)
-				}
+				c := s.dialTCP4(t, port)
 				var srv *net.TCPConn
 				select {
 				case srv = <-acc:
@@ -116,20 +95,7 @@ func TestFirstFlightWithinTheWindow(t *testing.T) {
 	const plainPort = labPort + 1
 	retrans := map[uint16]uint32{}
 	for _, port := range []uint16{labPort, plainPort} {
-		var lcfg net.ListenConfig
-		lcfg.SetMultipathTCP(false)
-		lcfg.Control = func(_, _ string, c syscall.RawConn) error {
-			var e error
-			c.Control(func(fd uintptr) { e = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
-			return e
-		}
-		var ln net.Listener
-		if err := s.lab.Server.Do(func() (err error) {
-			ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		ln := s.listenTCP4(t, port, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
 		done := make(chan int, 1)
 		go func() {
 			c, err := ln.Accept()
@@ -151,13 +117,7 @@ func TestFirstFlightWithinTheWindow(t *testing.T) {
 			}
 			done <- n
 		}()
-		var c net.Conn
-		if err := s.lab.Client.Do(func() (err error) {
-			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 5*time.Second)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		c := s.dialTCP4(t, port)
 		c.(*net.TCPConn).SetNoDelay(true)
 		c.Write(make([]byte, 14000))
 		if n := <-done; n != 14000 {
@@ -190,15 +150,7 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 	}
 	const plainPort = labPort + 1
 	for _, port := range []uint16{plainPort, labPort} {
-		var lcfg net.ListenConfig
-		lcfg.SetMultipathTCP(false)
-		var ln net.Listener
-		if err := s.lab.Server.Do(func() (err error) {
-			ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		ln := s.listenTCP4(t, port, nil)
 		got := make(chan int64, 1)
 		go func() {
 			c, err := ln.Accept()
@@ -211,13 +163,7 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 			n, _ := io.Copy(io.Discard, c)
 			got <- n
 		}()
-		var c net.Conn
-		if err := s.lab.Client.Do(func() (err error) {
-			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 3*time.Second)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		c := s.dialTCP4(t, port)
 		ci := tcpInfo(t, c.(*net.TCPConn))
 		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		c.Write(make([]byte, 100000))
@@ -229,4 +175,41 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 		}
 		ln.Close()
 	}
+}
+
+// listenTCP4 opens a listener on port in the server's namespace, on every
+// IPv4 address, with opt (if any) applied to its socket before it listens.
+// MPTCP is off, as on every protected port.
+func (s *shielded) listenTCP4(t *testing.T, port uint16, opt func(fd int) error) net.Listener {
+	t.Helper()
+	var lcfg net.ListenConfig
+	lcfg.SetMultipathTCP(false)
+	lcfg.Control = func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if opt != nil {
+			c.Control(func(fd uintptr) { err = opt(int(fd)) })
+		}
+		return err
+	}
+	var ln net.Listener
+	if err := s.lab.Server.Do(func() (err error) {
+		ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// dialTCP4 connects from the client to port on the server over IPv4.
+func (s *shielded) dialTCP4(t *testing.T, port uint16) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := s.lab.Client.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
