@@ -194,6 +194,17 @@ func TestBadInputFreshRoot(t *testing.T) {
 	}
 }
 
+// TestEmptyRoot: an empty --root is refused, not taken for the working
+// directory, and nothing is created there.
+func TestEmptyRoot(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	checkUsageError(t, runMain("", "block", "192.0.2.1"), "--root is empty")
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Fatalf("the working directory after the refused command: %v %v", entries, err)
+	}
+}
+
 // TestReadOnlyCommandsNeedState checks that commands that only read the
 // state refuse where nothing is pinned, instead of creating the maps; so
 // does syn rotate, which would install keys that no filter reads.
