@@ -1516,12 +1516,15 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	st = syn_counters_of(port);
 	tsk = bpf_skc_to_tcp_sock(sk);
 	/* The listener's TCP_MAXSEG caps what the connection sends, as the
-	 * kernel caps a request's MSS with it (tcp_parse_options), down to
-	 * the least the kfunc takes. */
+	 * kernel caps a request's MSS with it (tcp_parse_options). The kfunc
+	 * takes nothing below the family's minimum MSS, so a smaller
+	 * TCP_MAXSEG caps at that minimum. */
 	user_mss = syn_user_mss(tsk);
-	if (user_mss && user_mss < attrs.mss &&
-	    user_mss >= (p->family == 4 ? IPV4_MIN_MSS : IPV6_MIN_MSS))
+	if (user_mss && user_mss < attrs.mss) {
 		attrs.mss = user_mss;
+		if (attrs.mss < (p->family == 4 ? IPV4_MIN_MSS : IPV6_MIN_MSS))
+			attrs.mss = p->family == 4 ? IPV4_MIN_MSS : IPV6_MIN_MSS;
+	}
 	/* Settings turned off in the namespace since the SYN-ACK went out:
 	 * the kfunc would refuse SACK and timestamps, which the connection
 	 * can do without (the client's are ignored). Window scaling it

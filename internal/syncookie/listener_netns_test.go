@@ -20,20 +20,28 @@ import (
 // MSS the server sends with, and the SYN-ACK announces the window the
 // kernel's would (SO_RCVBUF, TCP_WINDOW_CLAMP on the listener), which the
 // server's socket then takes. moat used to announce its fixed MSS and a
-// window of 65535 whatever the listener.
+// window of 65535 whatever the listener. A TCP_MAXSEG below 536 is the
+// one difference: the server sends segments of 536 bytes, where the
+// kernel's handshake gives it the TCP_MAXSEG (the client still sends the
+// TCP_MAXSEG, as announced).
 func TestHandshakeFollowsTheListener(t *testing.T) {
 	s := newShielded(t, ModeAlways)
 	const plainPort = labPort + 1 // unprotected: the kernel's handshake
 	for _, tc := range []struct {
 		name string
 		opt  func(fd int) error
+		// srvMSS, when set, is the MSS the server's socket takes after a
+		// moat handshake, where it cannot be the kernel's: the kfunc takes
+		// no MSS below 536, which a TCP_MAXSEG below that caps at.
+		srvMSS uint32
 	}{
-		{"no option", nil},
-		{"TCP_MAXSEG 1000", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, 1000) }},
-		{"SO_RCVBUF 4096", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) }},
+		{"no option", nil, 0},
+		{"TCP_MAXSEG 1000", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, 1000) }, 0},
+		{"TCP_MAXSEG 300", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, 300) }, 536},
+		{"SO_RCVBUF 4096", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) }, 0},
 		{"TCP_WINDOW_CLAMP 8192", func(fd int) error {
 			return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, 8192)
-		}},
+		}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			type res struct{ cli, srv sockInfo }
@@ -72,7 +80,17 @@ func TestHandshakeFollowsTheListener(t *testing.T) {
 			if m.cli.Snd_mss != k.cli.Snd_mss {
 				t.Errorf("client may send segments of %d bytes after a moat handshake, %d after the kernel's", m.cli.Snd_mss, k.cli.Snd_mss)
 			}
-			if m.srv.Snd_mss != k.srv.Snd_mss {
+			if tc.srvMSS != 0 {
+				// snd_mss is the MSS less the timestamp option.
+				want := tc.srvMSS
+				if m.srv.Options&optTimestamps != 0 {
+					want -= 12
+				}
+				if m.srv.Snd_mss != want {
+					t.Errorf("server sends segments of %d bytes after a moat handshake, want %d (the kfunc's least MSS, %d, less options)",
+						m.srv.Snd_mss, want, tc.srvMSS)
+				}
+			} else if m.srv.Snd_mss != k.srv.Snd_mss {
 				t.Errorf("server sends segments of %d bytes after a moat handshake, %d after the kernel's", m.srv.Snd_mss, k.srv.Snd_mss)
 			}
 			if m.cli.Snd_wnd != k.cli.Snd_wnd {
