@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"net/http"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -75,15 +74,28 @@ func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 	return cmd
 }
 
-// replacedNote tells which expired entries an add took the place of.
-func replacedNote(replaced []netip.Prefix) string {
-	switch len(replaced) {
+// replacedNote tells which expired entries and auto-blocks an add took
+// the place of.
+func replacedNote(r shield.Replaced) string {
+	var parts []string
+	switch len(r.Expired) {
 	case 0:
-		return ""
 	case 1:
-		return fmt.Sprintf(" (replaced an expired entry: %s)", replaced[0])
+		parts = append(parts, fmt.Sprintf("replaced an expired entry: %s", r.Expired[0]))
+	default:
+		parts = append(parts, fmt.Sprintf("replaced %d expired entries", len(r.Expired)))
 	}
-	return fmt.Sprintf(" (replaced %d expired entries)", len(replaced))
+	switch len(r.AutoBlocks) {
+	case 0:
+	case 1:
+		parts = append(parts, fmt.Sprintf("replaced an auto-block: %s", r.AutoBlocks[0]))
+	default:
+		parts = append(parts, fmt.Sprintf("replaced %d auto-blocks", len(r.AutoBlocks)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 // removeCmd builds `unblock` and `disallow`.

@@ -490,7 +490,7 @@ func (d *Daemon) planRules(s *shield.Shield, w *wanted) (*rulePlan, error) {
 		p.lists[l] = shield.DiffList(have, w.lists[l])
 		d.log.Debug("apply", "step", "read and compare "+l.String(), "took", time.Since(phase).Round(time.Millisecond))
 		phase = time.Now()
-		if err := checkListRoom(s, l, w.lists[l], p.lists[l].Stale); err != nil {
+		if err := checkListRoom(s, l, w.lists[l], p.lists[l].Stale, p.lists[l].AutoKeptIn); err != nil {
 			return nil, err
 		}
 	}
@@ -546,8 +546,10 @@ func mapIndex(p netip.Prefix) int {
 
 // checkListRoom refuses a change whose wanted entries and stale ones,
 // present together until the stale ones are deleted, do not fit in one of
-// the list's maps.
-func checkListRoom(s *shield.Shield, l shield.List, want []rules.PrefixEntry, stale []netip.Prefix) error {
+// the list's maps beside the auto-blocks it keeps (auto, by mapIndex): a
+// flood's auto-blocks can fill the room a reload counted on, and the
+// change would then fail part way.
+func checkListRoom(s *shield.Shield, l shield.List, want []rules.PrefixEntry, stale []netip.Prefix, auto [4]int) error {
 	var wanted, old [4]int
 	for _, e := range want {
 		wanted[mapIndex(e.Prefix)]++
@@ -560,9 +562,9 @@ func checkListRoom(s *shield.Shield, l shield.List, want []rules.PrefixEntry, st
 		if m == nil {
 			continue
 		}
-		if n := wanted[i] + old[i]; n > int(m.MaxEntries()) {
-			return userErrorf("%s: %s: the change needs room for %d entries at once (%d wanted, %d stale deleted only after the new are written); the map holds %d",
-				l, lm.what, n, wanted[i], old[i], m.MaxEntries())
+		if n := wanted[i] + old[i] + auto[i]; n > int(m.MaxEntries()) {
+			return userErrorf("%s: %s: the change needs room for %d entries at once (%d wanted, %d stale deleted only after the new are written, %d auto-blocks); the map holds %d",
+				l, lm.what, n, wanted[i], old[i], auto[i], m.MaxEntries())
 		}
 	}
 	return nil

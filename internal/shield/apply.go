@@ -29,6 +29,10 @@ type ListDiff struct {
 	Stale                     []netip.Prefix // held but not wanted, auto-blocks left out
 	Added, Updated, Unchanged int
 	AutoKept                  int // auto-blocks held but not wanted: kept until they expire
+	// AutoKeptIn counts them by the map that holds them (IPv4 hosts, IPv4
+	// networks, IPv6 hosts, IPv6 networks): they take room there beside
+	// the wanted and the stale entries.
+	AutoKeptIn [4]int
 }
 
 // DiffList compares the entries a list holds (as Entries returns them) with
@@ -77,6 +81,7 @@ func DiffList(have []Entry, want []rules.PrefixEntry) ListDiff {
 		case c > 0: // held, not wanted
 			if have[j].Auto {
 				d.AutoKept++
+				d.AutoKeptIn[prefixClass(have[j].Prefix)]++
 			} else {
 				d.Stale = append(d.Stale, have[j].Prefix)
 			}

@@ -300,7 +300,7 @@ func TestInsertReplacesExpiredEntries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Equal(replaced, tc.replaced) {
+			if !slices.Equal(replaced.Expired, tc.replaced) || len(replaced.AutoBlocks) != 0 {
 				t.Errorf("replaced %v, want %v", replaced, tc.replaced)
 			}
 			got, err := s.Entries(tc.list)

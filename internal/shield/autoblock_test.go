@@ -32,8 +32,8 @@ func TestReplaceKeepsAutoBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := shield.DiffList(es, []rules.PrefixEntry{{Prefix: netip.MustParsePrefix("203.0.113.0/24")}})
-	if len(d.Stale) != 1 || d.Stale[0] != netip.MustParsePrefix("198.51.100.7/32") || d.AutoKept != 1 {
-		t.Errorf("diff: stale %v, %d auto-blocks kept; want only 198.51.100.7/32 stale and 1 kept", d.Stale, d.AutoKept)
+	if len(d.Stale) != 1 || d.Stale[0] != netip.MustParsePrefix("198.51.100.7/32") || d.AutoKept != 1 || d.AutoKeptIn != [4]int{1, 0, 0, 0} {
+		t.Errorf("diff: stale %v, %d auto-blocks kept (by map %v); want only 198.51.100.7/32 stale and 1 IPv4 host kept", d.Stale, d.AutoKept, d.AutoKeptIn)
 	}
 
 	for _, replace := range []func() error{
@@ -137,5 +137,57 @@ func TestMonitorModeAutoBlocks(t *testing.T) {
 	}
 	if _, ok := denied(rs, real); !ok {
 		t.Error("turning monitor mode off took the auto-block written when enforcing")
+	}
+}
+
+// TestBlockReplacesAutoBlock: an auto-block is the limit's, not a rule of
+// the operator's: it lapses at its expiry, and monitor mode's at the end
+// of the trial. So `moat block` of its source writes the operator's entry
+// in its place (and says so) rather than refuse with "already in the
+// denylist" and leave the source to be let through once the auto-block
+// goes; the entry outlives the trial.
+func TestBlockReplacesAutoBlock(t *testing.T) {
+	for _, monitor := range []bool{false, true} {
+		t.Run(map[bool]string{false: "enforcing", true: "monitor mode"}[monitor], func(t *testing.T) {
+			s := openFresh(t)
+			if err := s.SetSettings(rules.Settings{Fragments: "pass", Malformed: "drop", Monitor: monitor}); err != nil {
+				t.Fatal(err)
+			}
+			src := netip.MustParseAddr("198.51.100.9")
+			// As the data path writes it: auto, commented (and monitor's
+			// in monitor mode).
+			v := datapath.MoatPrefixRule{Prefixlen: 32, Flags: 1 | 2, ExpiresNs: bootNs(t) + 600e9}
+			if monitor {
+				v.Flags |= 4
+			}
+			if err := s.Map(datapath.MoatMapComments).Put(datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32, Addr: [16]byte(append(src.AsSlice(), make([]byte, 12)...))},
+				datapath.MoatComment{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Map(datapath.MoatMapDenyV4Hosts).Put(datapath.MoatHostV4{Addr: src.As4()}, v); err != nil {
+				t.Fatal(err)
+			}
+			r, err := s.Insert(shield.DenyList, entries("198.51.100.9/32"))
+			if err != nil {
+				t.Fatalf("block of an auto-blocked source: %v", err)
+			}
+			if len(r.AutoBlocks) != 1 || r.AutoBlocks[0] != netip.PrefixFrom(src, 32) || len(r.Expired) != 0 {
+				t.Errorf("replaced %+v, want the one auto-block", r)
+			}
+			if err := s.SetSettings(rules.Settings{Fragments: "pass", Malformed: "drop"}); err != nil {
+				t.Fatal(err)
+			}
+			e, ok, err := s.Stored(shield.DenyList, netip.PrefixFrom(src, 32))
+			if err != nil || !ok || e.Auto || e.Monitor || !e.Expires.IsZero() {
+				t.Fatalf("after the block (and monitor mode): entry %+v held %v (%v); want the operator's, without expiry", e, ok, err)
+			}
+			if n := commentCount(t, s); n != 0 {
+				t.Errorf("%d comments left; the auto-block's went with it", n)
+			}
+			// The operator's entry is a rule: a second block is refused.
+			if _, err := s.Insert(shield.DenyList, entries("198.51.100.9/32")); err == nil {
+				t.Error("a second block of the same source was not refused")
+			}
+		})
 	}
 }

@@ -171,7 +171,7 @@ const (
 )
 
 // Add puts entries in list l. In Strict mode nothing changes if any of the
-// entries exists already and has not expired. Nothing changes either if
+// entries exists already, has not expired and is no auto-block (Insert). Nothing changes either if
 // the list's maps or the comment map cannot hold the entries with those
 // they hold. Entries are grouped per map and written with batched
 // updates, all maps at once.
@@ -183,36 +183,52 @@ func (s *Shield) Add(l List, entries []Entry, mode AddMode) error {
 	return s.add(l, entries, mode)
 }
 
+// Replaced is what an Insert took the place of.
+type Replaced struct {
+	// Expired: entries whose expiry had passed, which the filter ignores.
+	Expired []netip.Prefix
+	// AutoBlocks: live auto-blocks of rate limits. An auto-block is the
+	// limit's, not the operator's: it lapses at its expiry, and monitor
+	// mode's at the end of the trial, so the operator's entry takes its
+	// place rather than be refused.
+	AutoBlocks []netip.Prefix
+}
+
 // Insert adds entries that list l does not hold, as `moat block` and
 // `moat allow` do: nothing changes if any of them is in the list and live.
 // An entry whose expiry has passed counts as absent, since the filter
-// ignores it: the new entry takes its place (its hits start from zero),
-// and Insert returns the prefixes whose expired entries it replaced.
-func (s *Shield) Insert(l List, entries []Entry) (replaced []netip.Prefix, err error) {
+// ignores it, and so does an auto-block: the new entry takes its place
+// (its hits start from zero), and Insert says which it replaced.
+func (s *Shield) Insert(l List, entries []Entry) (Replaced, error) {
 	if err := validateComments(entries); err != nil { // before the lookups, as before any write
-		return nil, err
+		return Replaced{}, err
 	}
-	p, found, stale, err := s.anyListed(l, entries)
+	p, found, stale, auto, err := s.anyListed(l, entries)
 	if err != nil {
-		return nil, err
+		return Replaced{}, err
 	}
 	if found {
-		return nil, userErrorf("%s is already in the %s", p, l)
+		return Replaced{}, userErrorf("%s is already in the %s", p, l)
 	}
 	if err := s.add(l, entries, Strict); err != nil {
-		return nil, err
+		return Replaced{}, err
 	}
-	if len(stale) == 0 {
-		return nil, nil
-	}
-	// An expired entry's comment outlives it in the comment map unless the
+	var r Replaced
+	// A replaced entry's comment outlives it in the comment map unless the
 	// new entry writes one over it.
-	replacedEntries := make([]Entry, len(stale))
-	replaced = make([]netip.Prefix, len(stale))
-	for i, j := range stale {
-		replacedEntries[i], replaced[i] = entries[j], entries[j].Prefix
+	var replacedEntries []Entry
+	for _, j := range stale {
+		replacedEntries = append(replacedEntries, entries[j])
+		r.Expired = append(r.Expired, entries[j].Prefix)
 	}
-	return replaced, s.dropStaleComments(l, replacedEntries)
+	for _, j := range auto {
+		replacedEntries = append(replacedEntries, entries[j])
+		r.AutoBlocks = append(r.AutoBlocks, entries[j].Prefix)
+	}
+	if len(replacedEntries) == 0 {
+		return r, nil
+	}
+	return r, s.dropStaleComments(l, replacedEntries)
 }
 
 func validateComments(entries []Entry) error {
@@ -726,18 +742,20 @@ func (b *prefixBatches) deleteJobs() []job {
 	return slices.Concat(b.hosts4.deleteJobs(), b.hosts6.deleteJobs(), b.nets4.deleteJobs(), b.nets6.deleteJobs())
 }
 
-// anyListed returns the first of entries that list l holds live, and the
-// indexes of those it holds expired. Each check is a lookup syscall, so a
-// long list of entries is checked on all CPUs.
-func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, []int, error) {
+// anyListed returns the first of entries that list l holds live and not as
+// an auto-block, the indexes of those it holds expired, and those it holds
+// as live auto-blocks. Each check is a lookup syscall, so a long list of
+// entries is checked on all CPUs.
+func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, []int, []int, error) {
 	const perJob = 4096
 	found := make([]bool, len(entries))
 	stale := make([][]int, (len(entries)+perJob-1)/perJob) // one part per job
+	auto := make([][]int, len(stale))
 	var jobs []job
 	now := bootNow()
 	for lo := 0; lo < len(entries); lo += perJob {
 		hi := min(lo+perJob, len(entries))
-		part := &stale[lo/perJob]
+		part, autoPart := &stale[lo/perJob], &auto[lo/perJob]
 		jobs = append(jobs, job{hi - lo, func() error {
 			for i := lo; i < hi; i++ {
 				v, ok, err := s.lookup(l, entries[i].Prefix)
@@ -751,6 +769,10 @@ func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, []int, 
 					*part = append(*part, i)
 					continue
 				}
+				if v.Flags&ruleFAuto != 0 {
+					*autoPart = append(*autoPart, i)
+					continue
+				}
 				found[i] = true
 				return nil
 			}
@@ -758,12 +780,12 @@ func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, []int, 
 		}})
 	}
 	if err := runJobs(jobs); err != nil {
-		return netip.Prefix{}, false, nil, err
+		return netip.Prefix{}, false, nil, nil, err
 	}
 	if i := slices.Index(found, true); i >= 0 {
-		return entries[i].Prefix, true, nil, nil
+		return entries[i].Prefix, true, nil, nil, nil
 	}
-	return netip.Prefix{}, false, slices.Concat(stale...), nil
+	return netip.Prefix{}, false, slices.Concat(stale...), slices.Concat(auto...), nil
 }
 
 // dropStaleComments deletes the old comments of entries rewritten without
