@@ -71,7 +71,7 @@ int moat_filter(struct xdp_md *ctx)
 	struct runtime_settings *cfg;
 	struct prefix_rule *rule;
 	struct port_rule *prule;
-	int ret;
+	int ret, ret2;
 
 	cfg = get_settings();
 	if (!cfg) /* cannot happen for an array map; keeps the verifier content */
@@ -124,7 +124,12 @@ int moat_filter(struct xdp_md *ctx)
 	 * allowlisted sources are never limited and auto-blocked ones stop at
 	 * the denylist; before the fragment and malformed verdicts, so
 	 * fragments and malformed packets count against their source too. */
-	switch (rl_check(ctx, &pkt, 0)) {
+	ret2 = rl_check(ctx, &pkt, 0);
+	if (ret2 == RL_CHECK_COOKIE) {
+		pkt.on_connection = rl_cookie_ack(ctx, &pkt) ? RL_CONN_YES : RL_CONN_NO;
+		ret2 = rl_check(ctx, &pkt, 0);
+	}
+	switch (ret2) {
 	case RL_DROP_SOURCE:
 		return verdict(ctx, cfg, REASON_RATELIMIT, XDP_DROP);
 	case RL_DROP_BUDGET:

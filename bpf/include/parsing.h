@@ -101,7 +101,7 @@ struct packet {
 	__u8 first_fragment; /* offset 0 with more fragments to come */
 	__u16 l3_end;   /* offset of the end of the IP datagram (XDP: within the frame) */
 	struct tcp_opts opts; /* filled on first use (xdp_tcp_options) */
-	__u8 on_connection; /* TCP: 0 not looked up yet, 1 an established socket owns the tuple, 2 none does */
+	__u8 on_connection; /* TCP: enum rl_connection (ratelimit_structs.h), 0 until looked up */
 	__u64 now;      /* CLOCK_BOOTTIME, read on first use (packet_now) */
 };
 

@@ -277,13 +277,130 @@ static __always_inline int rl_is_syn(const struct packet *p)
 #define TLS_RECORD_HANDSHAKE 22
 #define TLS_CLIENT_HELLO 1
 
-/* Whether an established socket owns a TCP packet's tuple, looked up once
- * per packet. */
+/* What the TLS match reads of a request socket: the sequence number of
+ * its SYN-ACK. Offsets come from the running kernel's BTF (CO-RE). */
+struct tcp_request_sock___moat {
+	__u32 snt_isn;
+} __attribute__((preserve_access_index));
+
+/* A read-only view of a kernel object as a type of the kernel's BTF: its
+ * fields are read as with bpf_probe_read_kernel. A kfunc for every
+ * program type (Linux 6.2). */
+extern void *bpf_rdonly_cast(const void *obj__ign, __u32 btf_id__k) __ksym;
+
+/* Answers of rl_tcp_owner. */
+enum rl_tcp_owner {
+	RL_OWNER_NONE = 0,
+	RL_OWNER_CONNECTION = 1, /* a connection owns the segment */
+	RL_OWNER_LISTENER = 2,   /* an ACK to a listener: it may carry a cookie */
+};
+
+/* Who owns a TCP segment: a connection when an established socket owns
+ * its tuple, or when the segment is the third ACK of a handshake and
+ * acknowledges the SYN-ACK of the request socket that owns the tuple. A
+ * global function: the verifier checks it once. */
+__attribute__((noinline)) int rl_tcp_owner(struct xdp_md *ctx, struct packet *p)
+{
+	void *data, *data_end;
+	struct bpf_sock_tuple t = {};
+	struct tcp_request_sock___moat *treq;
+	struct tcphdr *th;
+	struct bpf_sock *sk;
+	__u32 size, l4;
+	int state, owner = RL_OWNER_NONE;
+
+	if (!ctx || !p)
+		return RL_OWNER_NONE;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	l4 = p->l4_off & SYN_L4_MASK;
+	th = data + l4;
+	if (p->l4_off > SYN_L4_MASK || (void *)(th + 1) > data_end)
+		return RL_OWNER_NONE;
+	size = syn_tuple(p, &t);
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return RL_OWNER_NONE;
+	state = sk->state;
+	if (state == BPF_TCP_ESTABLISHED) {
+		owner = RL_OWNER_CONNECTION;
+	} else if (state == BPF_TCP_NEW_SYN_RECV && (p->tcp_flags & TCPF_ACK)) {
+		/* A TCP socket in this state is a struct tcp_request_sock, or
+		 * begins with one (MPTCP's subflow requests, whose listener's
+		 * protocol bpf_skc_to_tcp_request_sock does not take). */
+		treq = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_request_sock___moat));
+		if (treq && treq->snt_isn + 1 == bpf_ntohl(th->ack_seq))
+			owner = RL_OWNER_CONNECTION;
+	} else if (state == BPF_TCP_LISTEN && (p->tcp_flags & TCPF_ACK)) {
+		owner = RL_OWNER_LISTENER;
+	}
+	bpf_sk_release(sk);
+	return owner;
+}
+
+/* Whether an ACK to a listener returns a valid SYN cookie, moat's or the
+ * kernel's: the stack then makes the socket from it. moat_filter calls it
+ * when rl_check asks (RL_CHECK_COOKIE): the cookie check's frame does not
+ * fit on the stack below rl_check's. */
+__attribute__((noinline)) int rl_cookie_ack(struct xdp_md *ctx, struct packet *p)
+{
+	void *data, *data_end;
+	const struct syn_config *cfg;
+	const struct tcp_opts *opts;
+	struct tcphdr *th;
+	__u32 l3, l4;
+
+	if (!ctx || !p)
+		return 0;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	l3 = p->l3_off;
+	l4 = p->l4_off;
+	if (l3 > SYN_MAX_L3_OFF || l4 > SYN_L4_MASK)
+		return 0;
+	th = data + (l4 & SYN_L4_MASK);
+	if ((void *)(th + 1) > data_end)
+		return 0;
+	cfg = syn_get_config();
+	opts = xdp_tcp_options(ctx, p);
+	if (cfg && opts &&
+	    syn_cookie_check(p, cfg, packet_now(p), bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1, opts) >= 0)
+		return 1;
+	if (p->family == 4) {
+		struct iphdr *iph = data + l3;
+
+		if ((void *)(iph + 1) <= data_end)
+			return bpf_tcp_raw_check_syncookie_ipv4(iph, th) == 0;
+	} else {
+		struct ipv6hdr *ip6h = data + l3;
+
+		if ((void *)(ip6h + 1) <= data_end)
+			return bpf_tcp_raw_check_syncookie_ipv6(ip6h, th) == 0;
+	}
+	return 0;
+}
+
+/* Whether a TCP segment is part of a connection: an established socket
+ * owns its tuple, or the segment is the third ACK of a handshake, which
+ * may carry the client's first bytes (a client that sets TCP_DEFER_ACCEPT
+ * sends no pure ACK): it acknowledges the SYN-ACK of the request socket
+ * that owns the tuple, or returns a valid SYN cookie to the listener. The
+ * stack makes the socket and hands it those bytes, so a ClientHello there
+ * is work for the server as on an established connection. Only who saw
+ * the SYN-ACK knows its sequence number or cookie, so a forged segment
+ * does not count, even on a tuple whose SYN the forger sent in another's
+ * name. Looked up once per packet; an ACK to a listener stays
+ * RL_CONN_COOKIE (not a connection) until rl_cookie_ack has judged it. */
 static __always_inline int rl_on_connection(struct xdp_md *ctx, struct packet *p)
 {
-	if (!p->on_connection)
-		p->on_connection = tcp_sock_state(ctx, p) == BPF_TCP_ESTABLISHED ? 1 : 2;
-	return p->on_connection == 1;
+	int owner;
+
+	if (!p->on_connection) {
+		owner = rl_tcp_owner(ctx, p);
+		p->on_connection = owner == RL_OWNER_CONNECTION ? RL_CONN_YES :
+				   owner == RL_OWNER_LISTENER ? RL_CONN_COOKIE : RL_CONN_NO;
+	}
+	return p->on_connection == RL_CONN_YES;
 }
 
 /* Whether a TCP segment opens a TLS ClientHello: its payload starts with a
@@ -656,6 +773,11 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p, int
 		rl_choose(ctx, p, bpf_map_lookup_elem(&rl_class_scopes, &idx), &src, &src_r, &bud, &bud_r);
 	}
 	rl_choose(ctx, p, bpf_map_lookup_elem(&rl_class_scopes, &all), &src, &src_r, &bud, &bud_r);
+	/* A ClientHello in an ACK to a listener counts if the ACK returns a
+	 * valid cookie: the caller checks it and runs the packet again,
+	 * before anything is charged or counted. */
+	if (p->on_connection == RL_CONN_COOKIE)
+		return RL_CHECK_COOKIE;
 
 	/* The source limit first: a source over its own limit must not spend
 	 * the budget that everyone else shares. */

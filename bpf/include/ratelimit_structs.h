@@ -92,6 +92,19 @@ enum rl_result {
 	RL_PASS = 0,
 	RL_DROP_SOURCE = 1,
 	RL_DROP_BUDGET = 2,
+	/* Not a verdict: the packet is an ACK to a listener that a
+	 * +tls-hello limit takes if it returns a valid SYN cookie; the caller
+	 * sets on_connection with rl_cookie_ack and runs rl_check again. */
+	RL_CHECK_COOKIE = 3,
+};
+
+/* packet.on_connection: whether a TCP packet is part of a connection, as
+ * rl_on_connection found. */
+enum rl_connection {
+	RL_CONN_UNKNOWN = 0,
+	RL_CONN_YES = 1,
+	RL_CONN_NO = 2,
+	RL_CONN_COOKIE = 3, /* an ACK to a listener: yes if its cookie is valid */
 };
 
 /* A limit, indexed by id. The control plane writes the whole rule before

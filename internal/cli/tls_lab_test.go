@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -14,6 +15,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +25,13 @@ import (
 // tlsServer starts a TLS echo server in the server namespace, on both
 // families, with a fresh self-signed certificate; it returns its port.
 func (sl *shieldLab) tlsServer() uint16 {
+	sl.t.Helper()
+	return sl.tlsServerOn(true)
+}
+
+// tlsServerOn is tlsServer with Go's default MPTCP listener (mptcp) or a
+// plain TCP one.
+func (sl *shieldLab) tlsServerOn(mptcp bool) uint16 {
 	sl.t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -37,10 +46,13 @@ func (sl *shieldLab) tlsServer() uint16 {
 	cfg := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
 	var port uint16
 	err = sl.lab.Server.Do(func() error {
-		ln, err := tls.Listen("tcp", "[::]:0", cfg)
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(mptcp)
+		inner, err := lc.Listen(context.Background(), "tcp", "[::]:0")
 		if err != nil {
 			return err
 		}
+		ln := tls.NewListener(inner, cfg)
 		sl.t.Cleanup(func() { ln.Close() })
 		port = uint16(ln.Addr().(*net.TCPAddr).Port)
 		go func() {
@@ -214,5 +226,82 @@ func TestLabTLSHandshakeLimit(t *testing.T) {
 	// and its long connection's one were before or under the limit.
 	if min := uint64(got + 8); st.Stats.Passed < min {
 		t.Errorf("the limit passed %d hellos, want at least %d", st.Stats.Passed, min)
+	}
+}
+
+// TestLabTLSHelloOnTheThirdACK: a client that sets TCP_DEFER_ACCEPT on its
+// socket sends no pure third ACK: its ClientHello completes the handshake,
+// while only a request socket (or, under SYN cookies, the listener) owns
+// the tuple. The hello is work for the server all the same, so it must
+// count against a +tls-hello limit; it used to count only on an
+// established socket, and such a client made every handshake it wanted.
+// The request socket of an MPTCP listener (Go's default) is read as a
+// plain TCP one. (Under SYN cookies the hello counts when its ACK returns
+// a valid cookie, moat's or the kernel's: rl_cookie_ack.)
+func TestLabTLSHelloOnTheThirdACK(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		mptcp bool
+	}{
+		{"request socket", false},
+		{"request socket of an MPTCP listener", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			sl := newShieldLab(t)
+			toClient, toAttacker := sl.ifaces()
+			sl.mustMoat("attach", toClient, toAttacker)
+			port := sl.tlsServerOn(tc.mptcp)
+			const burst = 3
+			sl.mustMoat("limit", "config", "--gate", "none")
+			sl.mustMoat("limit", "add", "source", fmt.Sprintf("tcp/%d+tls-hello", port), "--pps", "1", "--burst", fmt.Sprint(burst), "--block", "1m")
+
+			dst := netip.AddrPortFrom(sl.serverAddr(sl.lab.Client, false), port)
+			ok := 0
+			for i := 0; i < 10; i++ {
+				var raw net.Conn
+				err := sl.lab.Client.Do(func() (err error) {
+					d := net.Dialer{Timeout: 500 * time.Millisecond, Control: func(_, _ string, rc syscall.RawConn) error {
+						var serr error
+						if err := rc.Control(func(fd uintptr) {
+							serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_DEFER_ACCEPT, 1)
+						}); err != nil {
+							return err
+						}
+						return serr
+					}}
+					d.SetMultipathTCP(false)
+					raw, err = d.Dial("tcp", dst.String())
+					return err
+				})
+				if err != nil {
+					t.Logf("connection %d: %v", i, err)
+					break
+				}
+				c := tls.Client(raw, &tls.Config{ServerName: "moat.test", InsecureSkipVerify: true})
+				c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+				err = c.Handshake()
+				raw.Close()
+				if err != nil {
+					t.Logf("handshake %d: %v", i, err)
+					break
+				}
+				ok++
+			}
+			if ok == 0 {
+				t.Fatal("no handshake completed: the test measures nothing")
+			}
+			if ok > burst+1 {
+				t.Errorf("a client whose hellos ride on the third ACK completed %d handshakes under a burst of %d", ok, burst)
+			}
+			blocked := false
+			for _, e := range sl.list().Deny {
+				blocked = blocked || e.Prefix == netip.PrefixFrom(sl.clientV4(), 32)
+			}
+			if !blocked {
+				t.Errorf("the client was not auto-blocked (%d handshakes)", ok)
+			}
+		})
 	}
 }

@@ -230,9 +230,10 @@ const (
 type MoatRlResult uint32
 
 const (
-	MoatRlResultRL_PASS        MoatRlResult = 0
-	MoatRlResultRL_DROP_SOURCE MoatRlResult = 1
-	MoatRlResultRL_DROP_BUDGET MoatRlResult = 2
+	MoatRlResultRL_PASS         MoatRlResult = 0
+	MoatRlResultRL_DROP_SOURCE  MoatRlResult = 1
+	MoatRlResultRL_DROP_BUDGET  MoatRlResult = 2
+	MoatRlResultRL_CHECK_COOKIE MoatRlResult = 3
 )
 
 type MoatRlRule struct {
