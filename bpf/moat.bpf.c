@@ -145,13 +145,17 @@ int moat_filter(struct xdp_md *ctx)
 	/* SYN flood defence (syncookie.h): answers SYNs with cookies, drops
 	 * ACKs that fit no socket. Per port in syn_counters, per interface
 	 * here. Monitor mode leaves SYNs and ACKs to the kernel: a SYN-ACK
-	 * sent is no verdict that could be counted and then not enforced. */
+	 * sent is no verdict that could be counted and then not enforced. It
+	 * still marks the census with the connections the kernel makes, whose
+	 * ACKs the filter judges once monitoring stops. */
 	if (!cfg->monitor) {
 		ret = syn_defend(ctx, &pkt);
 		if (ret == XDP_TX)
 			return verdict(ctx, cfg, REASON_SYN_COOKIE, XDP_TX);
 		if (ret != SYN_CONTINUE)
 			return verdict(ctx, cfg, REASON_SYN_DEFENCE, ret);
+	} else {
+		syn_note_monitored(ctx, &pkt);
 	}
 
 	if (prule) {

@@ -83,6 +83,8 @@ struct tcp_options_received___moat {
 
 struct sock___moat {
 	int sk_rcvbuf;
+	__u32 sk_ack_backlog;
+	__u32 sk_max_ack_backlog;
 } __attribute__((preserve_access_index));
 
 struct tcp_sock___moat {
@@ -178,6 +180,15 @@ static __always_inline __u16 syn_listener_space(const struct tcp_sock *tsk)
 	if (tp->window_clamp && tp->window_clamp < space)
 		space = tp->window_clamp;
 	return space > SYNACK_WINDOW ? SYNACK_WINDOW : space;
+}
+
+/* Whether a listener's accept queue is full (sk_acceptq_is_full): the
+ * stack then drops the connection that a request socket would make. */
+static __always_inline int syn_accept_queue_full(const struct tcp_sock *tsk)
+{
+	const struct sock___moat *sk = (const void *)tsk;
+
+	return sk && sk->sk_ack_backlog > sk->sk_max_ack_backlog;
 }
 
 /* The window a SYN-ACK announces: the listener's receive space, rounded
@@ -1383,6 +1394,32 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 	return SYN_CONTINUE;
 }
 
+/* Monitor mode leaves a protected port's SYNs and SYN-ACKs to the kernel,
+ * past syn_defend, and the connections they make must be known to the
+ * census when monitoring stops: the next pass may be a second away, and
+ * until then their ACKs would meet the ACK filter as the listener's. So
+ * their tuples are marked here, as syn_defend marks what it leaves to the
+ * kernel. A global function, like syn_defend; returns 0. */
+__attribute__((noinline)) int syn_note_monitored(struct xdp_md *ctx, struct packet *p)
+{
+	struct syn_port *port;
+	__u32 key;
+	__u8 flags;
+
+	if (!ctx || !p || p->l4proto != IPPROTO_TCP || !p->has_l4)
+		return 0;
+	key = p->dport;
+	port = bpf_map_lookup_elem(&syn_ports, &key);
+	if (!port || port->mode == SYN_MODE_OFF)
+		return 0;
+	flags = p->tcp_flags & (TCPF_SYN | TCPF_ACK);
+	if (flags == TCPF_SYN)
+		syn_mark_packet(p);
+	else if (flags == (TCPF_SYN | TCPF_ACK))
+		syn_mark_connecting(ctx, p);
+	return 0;
+}
+
 /* Parses an skb's headers with the XDP program's parser. Cookies are only
  * issued without IPv6 extension headers, so the tc side skips their walk,
  * which spares the verifier the paths through it. The payload may be in
@@ -1541,8 +1578,12 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	}
 	/* The first data segment carries the cookie of the ACK ahead of it
 	 * in the same poll: the stack makes the socket from the ACK's request
-	 * socket, and finds it for this one. */
-	if (syn_recent_follows(p, ack, seq, now, 1))
+	 * socket, and finds it for this one. Not while the listener's accept
+	 * queue is full: the stack then drops the ACK's connection, and this
+	 * segment, handed over without a request socket of its own, would
+	 * reach the listener and draw a RST; with one it is dropped as the
+	 * ACK was, and the client sends it again. */
+	if (syn_recent_follows(p, ack, seq, now, 1) && !syn_accept_queue_full(tsk))
 		goto release;
 	if (!tsk || !(net & SYN_NET_COOKIES)) {
 		err = -1;

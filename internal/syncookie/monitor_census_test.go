@@ -1,0 +1,100 @@
+package syncookie
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+// TestMonitorModeMarksNewConnections: a connection made while monitor mode
+// is on (its SYN and SYN-ACK go to the kernel, past the SYN defence) must
+// keep its pure ACKs and data once monitor mode is turned off, also before
+// the next census pass has seen its socket: the census may not take its
+// unmarked tuple for the listener's.
+func TestMonitorModeMarksNewConnections(t *testing.T) {
+	objs := setup(t)
+	setMonitor := func(on bool) {
+		t.Helper()
+		var s datapath.MoatRuntimeSettings
+		if on {
+			s.Monitor = 1
+		}
+		if err := objs.Settings.Put(uint32(0), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const cport = 41000
+	client := netip.AddrPortFrom(client4, cport)
+	server := netip.AddrPortFrom(server4, protectedPort)
+	ownedACK := testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4},
+		L4: testpkt.TCP{SrcPort: cport, DstPort: protectedPort, Seq: 12345, Ack: 67890, ACK: true}}.Bytes()
+	warm := synOf(netip.AddrPortFrom(client4, cport+1), server)
+	var got uint32
+	inScratchNetns(t, func() {
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		for _, a := range []netip.Addr{client4, server4} {
+			if err == nil {
+				err = netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+			}
+		}
+		if err != nil {
+			t.Errorf("addresses on lo: %v", err)
+			return
+		}
+		ln := listen(t, protectedPort)
+		defer ln.Close()
+		c, err := NewCensus(objs.MoatSynCensus, objs.SynCensus)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		for range 2 { // trusted from here
+			if _, err := c.Take(time.Second); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		setMonitor(true)
+		// The connection's SYN as moat sees it in monitor mode, then the
+		// connection itself, both before the next pass.
+		if ret, _ := run(t, objs.MoatFilter, synOf(client, server)); ret != 2 {
+			t.Errorf("syn in monitor mode: verdict %d, want XDP_PASS", ret)
+		}
+		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(client)}
+		conn, err := d.Dial("tcp", server.String())
+		if err != nil {
+			t.Errorf("dial: %v", err)
+			return
+		}
+		defer conn.Close()
+		srv, err := ln.Accept()
+		if err != nil {
+			t.Errorf("accept: %v", err)
+			return
+		}
+		defer srv.Close()
+		setMonitor(false)
+		// The warm-up finds the listener, which this CPU then remembers
+		// for the jiffy: the connection's ACK is judged on its census
+		// slot alone.
+		for try := 0; try < 20; try++ {
+			run(t, objs.MoatFilter, warm)
+			if got, _ = run(t, objs.MoatFilter, ownedACK); got != 2 {
+				break
+			}
+		}
+	})
+	if got != 2 {
+		t.Errorf("ACK of a connection made in monitor mode: verdict %d after monitor off, want XDP_PASS (2)", got)
+	}
+}
