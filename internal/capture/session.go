@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,11 +121,7 @@ type Session struct {
 // LockPath is the lock file that admits one session per pinned state at
 // root. It lives in /run, like shield's, so it never shows among the pins.
 func LockPath(root string) string {
-	var st unix.Stat_t
-	if err := unix.Stat(filepath.Dir(root), &st); err == nil {
-		return fmt.Sprintf("/run/moat-capture-%d-%s.lock", st.Ino, filepath.Base(root))
-	}
-	return "/run/moat-capture-" + filepath.Base(root) + ".lock"
+	return "/run/moat-capture-" + shield.RootLockID(root) + ".lock"
 }
 
 // Start turns capture on with filter f. lockPath admits one session at a

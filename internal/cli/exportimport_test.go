@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/rules"
+	"github.com/moat-shield/moat/internal/shield"
 )
 
 // moatHere runs the real binary in the test's own namespace; rule commands
@@ -247,7 +249,7 @@ func TestImportLeavesOutExpired(t *testing.T) {
 // TestExportPlainLeavesOutExpired: a plain list has no expiry, so an entry
 // whose time is up (which the filter ignores) is left out rather than
 // written as a rule that a re-import would make permanent; entries whose
-// time is not up are written.
+// time is not up are written, and the note says they lost their expiry.
 func TestExportPlainLeavesOutExpired(t *testing.T) {
 	t.Parallel()
 	root := newRoot(t)
@@ -261,7 +263,36 @@ func TestExportPlainLeavesOutExpired(t *testing.T) {
 		lines[1] != "192.0.2.8/32" || lines[2] != "192.0.2.9/32 # kept" {
 		t.Errorf("export --format plain:\n%s", r.stdout)
 	}
-	if r.stderr != "note: 2 expired entries left out\n" {
+	if r.stderr != "note: 2 expired entries left out\nnote: 1 entries written without their expiry (a plain list has none)\n" {
+		t.Errorf("stderr %q", r.stderr)
+	}
+}
+
+// TestExportPlainLeavesOutAutoBlocks: a plain list holds rules, and an
+// auto-block is a rate limit's, lapsing at its expiry (or at the end of
+// monitor mode's trial): written without that expiry, a re-import would
+// block its source for good.
+func TestExportPlainLeavesOutAutoBlocks(t *testing.T) {
+	t.Parallel()
+	root := newRoot(t)
+	moatHere(t, root, "block", "192.0.2.9")
+	s, err := shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, flags := range []uint32{2, 2 | 4} { // auto; auto in monitor mode
+		v := datapath.MoatPrefixRule{Prefixlen: 32, Flags: flags, ExpiresNs: bootNanos(t) + 600e9}
+		if err := s.Map(datapath.MoatMapDenyV4Hosts).Put(datapath.MoatHostV4{Addr: [4]byte{198, 51, 100, byte(i + 1)}}, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	r := moatHere(t, root, "export", "--format", "plain")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 2 || lines[1] != "192.0.2.9/32" {
+		t.Errorf("export --format plain:\n%s", r.stdout)
+	}
+	if r.stderr != "note: 2 auto-blocks left out\n" {
 		t.Errorf("stderr %q", r.stderr)
 	}
 }

@@ -132,6 +132,11 @@ func newLimitAddCmd(g *globals) *cobra.Command {
 				if *x.dst, err = parseRate(x.flag, x.val); err != nil {
 					return err
 				}
+				// 0 is how a Limit says "the default burst": taken from the
+				// flag, it would silently give a tenth of a second instead.
+				if *x.dst == 0 && (x.flag == "burst" || x.flag == "burst-bytes") {
+					return usagef("invalid --%s 0: a bucket holds at least one packet or frame; leave --%s out for the default (a tenth of a second of the rate)", x.flag, x.flag)
+				}
 			}
 			if cmd.Flags().Changed("ipv6-prefix") {
 				if prefix < 1 || prefix > 128 {

@@ -409,16 +409,20 @@ func newExportCmd(g *globals) *cobra.Command {
 			}
 			// A plain list has no expiry: an entry whose time is up, which
 			// the filter ignores, would come back for good when the file is
-			// imported.
-			// Nor an auto-block of monitor mode, which would be in force.
-			var expired, trial int
+			// imported. Nor does it hold auto-blocks, which are the rate
+			// limits', not rules: imported, one would block for good. An
+			// entry with an expiry still to come is written without it.
+			var expired, auto, timed int
 			entries := slices.DeleteFunc(all, func(e shield.Entry) bool {
 				switch {
 				case !e.Live():
 					expired++
-				case e.Monitor:
-					trial++
+				case e.Auto:
+					auto++
 				default:
+					if !e.Expires.IsZero() {
+						timed++
+					}
 					return false
 				}
 				return true
@@ -426,8 +430,11 @@ func newExportCmd(g *globals) *cobra.Command {
 			if expired > 0 {
 				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d expired entries left out\n", expired)
 			}
-			if trial > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d auto-blocks of monitor mode left out\n", trial)
+			if auto > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d auto-blocks left out\n", auto)
+			}
+			if timed > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %d entries written without their expiry (a plain list has none)\n", timed)
 			}
 			w := bufio.NewWriter(cmd.OutOrStdout())
 			fmt.Fprintf(w, "# moat %slist, %d entries, exported %s\n", list, len(entries), time.Now().UTC().Format(time.RFC3339))

@@ -92,8 +92,9 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			"When the last rotation is older than 2.5 periods moat issues no more cookies and SYNs go to the " +
 			"kernel (`moat syn status` shows the key age).\n\n" +
 			"Not handled: with rx-vlan-offload a NIC strips VLAN tags before XDP, so SYN-ACKs would leave " +
-			"untagged (turn it off with `ethtool -K DEV rxvlan off` or use never mode on such devices); moat " +
-			"announces a fixed MSS (1460 IPv4, 1440 IPv6) whatever the device MTU; SYN-ACKs go back the way the " +
+			"untagged (turn it off with `ethtool -K DEV rxvlan off` or use never mode on such devices); the " +
+			"MSS moat announces is the device's MTU less the headers (or the listener's TCP_MAXSEG if lower): a " +
+			"route's smaller MTU or advmss is not looked at; SYN-ACKs go back the way the " +
 			"SYN came whatever rp_filter or the routing table say, so spoofed SYNs draw SYN-ACKs to their forged " +
 			"sources as with kernel cookies.",
 		Args: args(cobra.MinimumNArgs(1)),

@@ -94,7 +94,7 @@ func Open(root string) (*Shield, error) { return open(root, nil) }
 // BPF object's, for tests that fill a map: a root must always be opened
 // with the sizes it was created with.
 func open(root string, sizes map[string]uint32) (*Shield, error) {
-	if err := ensureBPFFS(filepath.Dir(root)); err != nil {
+	if err := ensureBPFFS(root); err != nil {
 		return nil, err
 	}
 	spec, err := datapath.LoadMoat()
@@ -146,15 +146,19 @@ func (s *Shield) Close() error {
 // Map returns one of the shared maps by its name in the BPF object.
 func (s *Shield) Map(name string) *ebpf.Map { return s.maps[name] }
 
-// ensureBPFFS mounts bpffs on dir's filesystem root if it is not mounted,
-// as on a fresh boot of a minimal system.
-func ensureBPFFS(dir string) error {
+// ensureBPFFS mounts bpffs on the directory of root if that is
+// /sys/fs/bpf and not mounted, as on a fresh boot of a minimal system.
+func ensureBPFFS(root string) error {
+	dir := filepath.Dir(root)
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
 		return nil
 	}
 	if dir != "/sys/fs/bpf" {
-		return fmt.Errorf("%s is not on a bpf filesystem", dir)
+		// A wrong --root is the operator's mistake (exit status 2): say
+		// which root, and what one looks like, since the root is a
+		// directory inside a bpffs mount, not the mount itself.
+		return userErrorf("root %s: %s is not a bpf filesystem (want a directory inside a bpffs mount, such as /sys/fs/bpf/moat)", root, dir)
 	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("mount bpffs on %s: %w", dir, err)
@@ -180,14 +184,22 @@ func (s *Shield) lockRoot() error {
 // lockPath is the name of a lock file of the root, with what (say
 // ".census") telling one lock from another.
 func (s *Shield) lockPath(what string) string {
-	name := "/run/moat-" + filepath.Base(s.root) + what + ".lock"
+	return "/run/moat-" + RootLockID(s.root) + what + ".lock"
+}
+
+// RootLockID names root in the lock files of /run: the device and inode of
+// its directory and its base name. The inode alone is not enough: every
+// bpffs mount's top directory is inode 1, so /sys/fs/bpf/moat and a root
+// of the same name on another bpffs mount would share their locks (one
+// census, one dump and one writer at a time for both).
+func RootLockID(root string) string {
 	// os.Stat's Sys() is a *syscall.Stat_t, never a *unix.Stat_t, so ask
 	// unix directly.
 	var st unix.Stat_t
-	if err := unix.Stat(filepath.Dir(s.root), &st); err == nil {
-		name = fmt.Sprintf("/run/moat-%d-%s%s.lock", st.Ino, filepath.Base(s.root), what)
+	if err := unix.Stat(filepath.Dir(root), &st); err == nil {
+		return fmt.Sprintf("%d-%d-%s", st.Dev, st.Ino, filepath.Base(root))
 	}
-	return name
+	return filepath.Base(root)
 }
 
 func (s *Shield) mapsDir() string { return filepath.Join(s.root, "maps") }
