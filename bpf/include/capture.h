@@ -86,6 +86,7 @@ static __always_inline int capture_parse(struct xdp_md *ctx, struct packet *p)
 		.end = (void *)(long)ctx->data_end,
 	};
 	struct ipv6hdr *ip6h;
+	struct iphdr *iph;
 	__u8 l4proto = 0;
 	__u16 proto;
 	int ret;
@@ -95,9 +96,17 @@ static __always_inline int capture_parse(struct xdp_md *ctx, struct packet *p)
 		return ret;
 	p->l3_off = c.pos - data;
 	if (proto == bpf_htons(ETH_P_IP)) {
+		iph = c.pos;
 		ret = parse_ipv4(&c, p, &l4proto, 0);
-		if (ret != PARSE_OK)
+		if (ret != PARSE_OK) {
+			/* A whole header names its protocol even when its
+			 * lengths lie (a total length past the frame): such a
+			 * malformed flood is what a capture by protocol looks
+			 * for. */
+			if (p->addr_ok && (void *)(iph + 1) <= c.end)
+				p->l4proto = iph->protocol;
 			return ret;
+		}
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		ip6h = c.pos;
 		if ((void *)(ip6h + 1) > c.end || ip6h->version != 6)
@@ -106,13 +115,15 @@ static __always_inline int capture_parse(struct xdp_md *ctx, struct packet *p)
 		__builtin_memcpy(p->saddr, &ip6h->saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6h->daddr, 16);
 		p->addr_ok = 1;
+		l4proto = ip6h->nexthdr;
+		if (is_ipv6_ext(l4proto))
+			return PARSE_MALFORMED; /* not walked: no protocol, no ports */
+		/* Known before the length is checked, as for IPv4. */
+		p->l4proto = l4proto;
 		c.l3_end = (void *)(ip6h + 1) + bpf_ntohs(ip6h->payload_len);
 		if (c.l3_end > c.end)
 			return PARSE_MALFORMED;
 		c.pos = ip6h + 1;
-		l4proto = ip6h->nexthdr;
-		if (is_ipv6_ext(l4proto))
-			return PARSE_MALFORMED; /* not walked: no protocol, no ports */
 	} else {
 		return PARSE_NON_IP;
 	}

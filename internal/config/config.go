@@ -701,11 +701,14 @@ func (c *Config) checkFeeds(e *errs) {
 		if lf.CAFile != "" && !strings.HasPrefix(lf.URL, "https:") {
 			at("ca_file is for an https url")
 		}
-		k := lf.List + " " + lf.URL
-		if first, dup := seen[k]; dup {
+		// By URL alone, whatever the list: one body fills one list (a
+		// JSON body that holds both is refused by both feeds), and the
+		// moat_feed_* metrics name a feed by its URL, so a second feed
+		// of the URL would make the scrape drop its series.
+		if first, dup := seen[lf.URL]; dup {
 			at("%s is listed twice (first at line %d)", lf.URL, first)
 		}
-		seen[k] = lf.Line
+		seen[lf.URL] = lf.Line
 	}
 }
 

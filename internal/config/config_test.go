@@ -100,6 +100,9 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"feed relative CA", "lists:\n  - url: https://rules.example/deny.txt\n    ca_file: ca.pem\n", 2, `ca_file "ca.pem" must be an absolute path`},
 		{"feed CA over http", "lists:\n  - url: http://rules.example/deny.txt\n    ca_file: /etc/hostname\n", 2, "ca_file is for an https url"},
 		{"feed twice", "lists:\n  - url: https://rules.example/deny.txt\n  - url: https://rules.example/deny.txt\n", 3, "listed twice (first at line 2)"},
+		// The feed metrics name a feed by its URL alone; one body fills
+		// one list (a JSON body with both lists is refused by both).
+		{"feed in both lists", "lists:\n  - url: https://rules.example/deny.txt\n  - url: https://rules.example/deny.txt\n    list: allow\n", 3, "listed twice (first at line 2)"},
 		{"feed bad list", "lists:\n  - url: https://rules.example/deny.txt\n    list: block\n", 2, `invalid list "block"`},
 		{"share bad address", "share:\n  address: 9478\n", 2, "share.address: \"9478\" is not HOST:PORT"},
 		{"share beyond loopback without a token", "share:\n  address: 0.0.0.0:9478\n", 2, "reachable beyond this host: set share.token_file"},
