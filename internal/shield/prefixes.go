@@ -368,7 +368,7 @@ func (s *Shield) addFew(l List, entries []Entry, mode AddMode) error {
 			}
 			if err != nil {
 				if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
-					err = userErrorf("the comment map holds at most %d comments (allowlist and denylist together); it has no room for this change", w.m.MaxEntries())
+					err = userErrorf("the comment map holds at most %d comments (allowlist and denylist together, auto-blocks' reasons included); it has no room for this change", w.m.MaxEntries())
 					if w.prefix.IsValid() {
 						err = userErrorf("the %s holds at most %d %s; it has no room for this change", l, w.m.MaxEntries(), classNames[prefixClass(w.prefix)])
 					}
@@ -457,7 +457,7 @@ func (s *Shield) checkCommentRoom(cs ...*listChange) error {
 		return err
 	}
 	if need := r.have + r.added; need > r.max {
-		return userErrorf("the comment map holds at most %d comments (allowlist and denylist together); this change needs %d", r.max, need)
+		return userErrorf("the comment map holds at most %d comments (allowlist and denylist together, auto-blocks' reasons included); this change needs %d", r.max, need)
 	}
 	for i, c := range cs {
 		c.heldComments = r.held[i]
