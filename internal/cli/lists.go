@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -78,19 +79,20 @@ func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 // the place of.
 func replacedNote(r shield.Replaced) string {
 	var parts []string
-	switch len(r.Expired) {
-	case 0:
-	case 1:
-		parts = append(parts, fmt.Sprintf("replaced an expired entry: %s", r.Expired[0]))
-	default:
-		parts = append(parts, fmt.Sprintf("replaced %d expired entries", len(r.Expired)))
-	}
-	switch len(r.AutoBlocks) {
-	case 0:
-	case 1:
-		parts = append(parts, fmt.Sprintf("replaced an auto-block: %s", r.AutoBlocks[0]))
-	default:
-		parts = append(parts, fmt.Sprintf("replaced %d auto-blocks", len(r.AutoBlocks)))
+	for _, c := range []struct {
+		what, many string
+		ps         []netip.Prefix
+	}{
+		{"an expired entry", "expired entries", r.Expired},
+		{"an auto-block", "auto-blocks", r.AutoBlocks},
+	} {
+		switch len(c.ps) {
+		case 0:
+		case 1:
+			parts = append(parts, fmt.Sprintf("replaced %s: %s", c.what, c.ps[0]))
+		default:
+			parts = append(parts, fmt.Sprintf("replaced %d %s", len(c.ps), c.many))
+		}
 	}
 	if len(parts) == 0 {
 		return ""

@@ -185,16 +185,7 @@ func TestCensusTrust(t *testing.T) {
 	}
 	got := make([][2]uint32, len(rows))
 	inScratchNetns(t, func() {
-		lo, err := netlink.LinkByName("lo")
-		if err == nil {
-			err = netlink.LinkSetUp(lo)
-		}
-		for _, a := range []netip.Addr{client4, server4} {
-			if err == nil {
-				err = netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}})
-			}
-		}
-		if err != nil {
+		if err := loUpWith(client4, server4); err != nil {
 			t.Errorf("addresses on lo: %v", err)
 			return
 		}
@@ -511,4 +502,19 @@ func TestCensusReportsFailuresOnce(t *testing.T) {
 	if passes[1].Generation != 3 {
 		t.Errorf("the pass that worked again is generation %d, want 3", passes[1].Generation)
 	}
+}
+
+// loUpWith brings lo up in the calling thread's namespace with addrs on
+// it, as /32s.
+func loUpWith(addrs ...netip.Addr) error {
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.LinkSetUp(lo)
+	}
+	for _, a := range addrs {
+		if err == nil {
+			err = netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}})
+		}
+	}
+	return err
 }

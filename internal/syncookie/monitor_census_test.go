@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
-	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/testpkt"
 )
 
@@ -19,16 +16,7 @@ import (
 // unmarked tuple for the listener's.
 func TestMonitorModeMarksNewConnections(t *testing.T) {
 	objs := setup(t)
-	setMonitor := func(on bool) {
-		t.Helper()
-		var s datapath.MoatRuntimeSettings
-		if on {
-			s.Monitor = 1
-		}
-		if err := objs.Settings.Put(uint32(0), s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setMonitor := func(on bool) { t.Helper(); setMonitorMode(t, objs, on) }
 	const cport = 41000
 	client := netip.AddrPortFrom(client4, cport)
 	server := netip.AddrPortFrom(server4, protectedPort)
@@ -37,16 +25,7 @@ func TestMonitorModeMarksNewConnections(t *testing.T) {
 	warm := synOf(netip.AddrPortFrom(client4, cport+1), server)
 	var got uint32
 	inScratchNetns(t, func() {
-		lo, err := netlink.LinkByName("lo")
-		if err == nil {
-			err = netlink.LinkSetUp(lo)
-		}
-		for _, a := range []netip.Addr{client4, server4} {
-			if err == nil {
-				err = netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}})
-			}
-		}
-		if err != nil {
+		if err := loUpWith(client4, server4); err != nil {
 			t.Errorf("addresses on lo: %v", err)
 			return
 		}

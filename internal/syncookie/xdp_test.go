@@ -718,16 +718,7 @@ func TestStraySynAcks(t *testing.T) {
 // with monitor mode off again the same SYN gets its cookie.
 func TestMonitorModeStandsDown(t *testing.T) {
 	objs := setup(t)
-	setMonitor := func(on bool) {
-		t.Helper()
-		var s datapath.MoatRuntimeSettings
-		if on {
-			s.Monitor = 1
-		}
-		if err := objs.Settings.Put(uint32(0), s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setMonitor := func(on bool) { t.Helper(); setMonitorMode(t, objs, on) }
 	syn := synFrame(nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(1460)}})
 	setMonitor(true)
 	checkVerdicts(t, objs.MoatFilter, []verdictCase{
@@ -1398,5 +1389,17 @@ func TestRoutedDestinations(t *testing.T) {
 	}
 	if len(results) != 22 {
 		t.Fatalf("%d cases ran, want 22", len(results))
+	}
+}
+
+// setMonitorMode turns the filter's monitor mode on or off.
+func setMonitorMode(t *testing.T, objs *datapath.MoatObjects, on bool) {
+	t.Helper()
+	var s datapath.MoatRuntimeSettings
+	if on {
+		s.Monitor = 1
+	}
+	if err := objs.Settings.Put(uint32(0), s); err != nil {
+		t.Fatal(err)
 	}
 }
