@@ -191,18 +191,12 @@ func TestCensusTrust(t *testing.T) {
 		}
 		ln := listen(t, protectedPort)
 		defer ln.Close()
-		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(client)}
-		conn, err := d.Dial("tcp", server.String())
+		conn, srv, err := dialFrom(ln, client, server)
 		if err != nil {
-			t.Errorf("dial: %v", err)
+			t.Error(err)
 			return
 		}
 		defer conn.Close()
-		srv, err := ln.Accept()
-		if err != nil {
-			t.Errorf("accept: %v", err)
-			return
-		}
 		defer srv.Close()
 		for i, r := range rows {
 			c.Marks[slot] = 0
@@ -517,4 +511,18 @@ func loUpWith(addrs ...netip.Addr) error {
 		}
 	}
 	return err
+}
+
+// dialFrom connects from client to server, where ln listens, and
+// returns both ends.
+func dialFrom(ln net.Listener, client, server netip.AddrPort) (conn, srv net.Conn, err error) {
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(client)}
+	if conn, err = d.Dial("tcp", server.String()); err != nil {
+		return nil, nil, fmt.Errorf("dial: %w", err)
+	}
+	if srv, err = ln.Accept(); err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("accept: %w", err)
+	}
+	return conn, srv, nil
 }

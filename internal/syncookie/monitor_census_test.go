@@ -1,7 +1,6 @@
 package syncookie
 
 import (
-	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -49,18 +48,12 @@ func TestMonitorModeMarksNewConnections(t *testing.T) {
 		if ret, _ := run(t, objs.MoatFilter, synOf(client, server)); ret != 2 {
 			t.Errorf("syn in monitor mode: verdict %d, want XDP_PASS", ret)
 		}
-		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(client)}
-		conn, err := d.Dial("tcp", server.String())
+		conn, srv, err := dialFrom(ln, client, server)
 		if err != nil {
-			t.Errorf("dial: %v", err)
+			t.Error(err)
 			return
 		}
 		defer conn.Close()
-		srv, err := ln.Accept()
-		if err != nil {
-			t.Errorf("accept: %v", err)
-			return
-		}
 		defer srv.Close()
 		setMonitor(false)
 		// The warm-up finds the listener, which this CPU then remembers
