@@ -237,7 +237,7 @@ func TestLabTLSHandshakeLimit(t *testing.T) {
 // established socket, and such a client made every handshake it wanted.
 // The request socket of an MPTCP listener (Go's default) is read as a
 // plain TCP one. (Under SYN cookies the hello counts when its ACK returns
-// a valid cookie, moat's or the kernel's: rl_cookie_ack.)
+// a valid cookie: TestTLSHelloOnCookieACK in internal/ratelimit.)
 func TestLabTLSHelloOnTheThirdACK(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
