@@ -366,18 +366,7 @@ __attribute__((noinline)) int rl_cookie_ack(struct xdp_md *ctx, struct packet *p
 	if (cfg && opts &&
 	    syn_cookie_check(p, cfg, packet_now(p), bpf_ntohl(th->ack_seq) - 1, bpf_ntohl(th->seq) - 1, opts) >= 0)
 		return 1;
-	if (p->family == 4) {
-		struct iphdr *iph = data + l3;
-
-		if ((void *)(iph + 1) <= data_end)
-			return bpf_tcp_raw_check_syncookie_ipv4(iph, th) == 0;
-	} else {
-		struct ipv6hdr *ip6h = data + l3;
-
-		if ((void *)(ip6h + 1) <= data_end)
-			return bpf_tcp_raw_check_syncookie_ipv6(ip6h, th) == 0;
-	}
-	return 0;
+	return syn_kernel_cookie(data, data_end, l3, th, p->family);
 }
 
 /* Whether a TCP segment is part of a connection: an established socket

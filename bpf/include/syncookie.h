@@ -1203,6 +1203,22 @@ refuse:
 	return XDP_DROP;
 }
 
+/* Whether a TCP ACK returns a valid SYN cookie of the kernel's own (the
+ * namespace's tcp_syncookies secret). The kernel's helpers read the base
+ * IP header, at l3, and the TCP header wherever they are. */
+static __always_inline int syn_kernel_cookie(void *data, void *data_end, __u32 l3, struct tcphdr *th,
+					     int family)
+{
+	if (family == 4) {
+		struct iphdr *iph = data + l3;
+
+		return (void *)(iph + 1) <= data_end && bpf_tcp_raw_check_syncookie_ipv4(iph, th) == 0;
+	}
+	struct ipv6hdr *ip6h = data + l3;
+
+	return (void *)(ip6h + 1) <= data_end && bpf_tcp_raw_check_syncookie_ipv6(ip6h, th) == 0;
+}
+
 /* An ACK to a port in cookie mode. It is dropped only when the tuple's
  * socket is the listener (no established, request or time-wait socket owns
  * it) and it carries neither a valid moat cookie nor a valid kernel one.
@@ -1219,7 +1235,6 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 	void *data, *data_end;
 	struct tcphdr *th;
 	__u32 l3, l4, seq;
-	long kernel_cookie = -1;
 	__be32 ack;
 
 	if (!ctx || !p || !st)
@@ -1256,21 +1271,8 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 		return SYN_CONTINUE;
 
 	/* The kernel may have issued this ACK's cookie itself: before a flood
-	 * was detected in auto mode, or when moat left a SYN to it. Its
-	 * helpers read the base IP header and the TCP header wherever they
-	 * are. */
-	if (p->family == 4) {
-		struct iphdr *iph = data + l3;
-
-		if ((void *)(iph + 1) <= data_end)
-			kernel_cookie = bpf_tcp_raw_check_syncookie_ipv4(iph, th);
-	} else {
-		struct ipv6hdr *ip6h = data + l3;
-
-		if ((void *)(ip6h + 1) <= data_end)
-			kernel_cookie = bpf_tcp_raw_check_syncookie_ipv6(ip6h, th);
-	}
-	if (kernel_cookie == 0) {
+	 * was detected in auto mode, or when moat left a SYN to it. */
+	if (syn_kernel_cookie(data, data_end, l3, th, p->family)) {
 		/* The kernel makes the socket now; the census learns of it
 		 * here, as the SYN's mark may be older than the floor. */
 		syn_mark_packet(p);
