@@ -19,6 +19,7 @@ build: deps
 
 # The generated bindings are committed; regenerate after changing bpf/.
 generate: deps
+	MOAT_SETUP_GENERATE=1 bash scripts/setup.sh
 	go generate ./...
 
 test: build

@@ -22,10 +22,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
-
 	"github.com/moat-shield/moat/internal/flood"
 	"github.com/moat-shield/moat/internal/lab"
 	"github.com/moat-shield/moat/internal/syncookie"
@@ -122,28 +118,16 @@ func synFloodPart(ctx context.Context, l *lab.Lab, moat, root string, floodFor t
 	}
 
 	fmt.Printf("\n== attaching moat and protecting tcp/%d with SYN cookies in XDP\n", synPort)
-	// Moat answers SYNs with XDP_TX; the client's veth delivers those
-	// frames only while it runs NAPI, which an XDP program gives it (GRO
-	// alone does not once the server side runs XDP). A pass-through one.
-	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name: "demo_pass", Type: ebpf.XDP, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()},
-	})
+	// Moat answers SYNs with XDP_TX, which the client's veth delivers only
+	// while it runs an XDP program: a pass-through one.
+	pass, err := l.Client.AttachPassXDP()
 	if err != nil {
-		return fmt.Errorf("pass-through XDP program: %w", err)
-	}
-	defer pass.Close()
-	var passLink link.Link
-	if err := l.Client.Do(func() (err error) {
-		passLink, err = link.AttachXDP(link.XDPOptions{Program: pass, Interface: l.Client.Ifaces[0].Index})
 		return err
-	}); err != nil {
-		return fmt.Errorf("pass-through XDP on the client: %w", err)
 	}
 	passAttached := true
 	defer func() {
 		if passAttached {
-			passLink.Close()
+			pass.Close()
 		}
 	}()
 	fmt.Printf("   client: pass-through XDP program on %s (veth delivers XDP_TX frames only to a peer running NAPI)\n", l.Client.Ifaces[0].Name)
@@ -184,7 +168,7 @@ func synFloodPart(ctx context.Context, l *lab.Lab, moat, root string, floodFor t
 		return err
 	}
 	attached = false
-	if err := passLink.Close(); err != nil {
+	if err := pass.Close(); err != nil {
 		return fmt.Errorf("remove pass-through XDP from the client: %w", err)
 	}
 	passAttached = false

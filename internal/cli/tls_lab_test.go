@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/moat-shield/moat/internal/lab"
+	"github.com/moat-shield/moat/internal/syncookie"
 )
 
 // tlsServer starts a TLS echo server in the server namespace, on both
@@ -241,11 +242,13 @@ func TestLabTLSHandshakeLimit(t *testing.T) {
 func TestLabTLSHelloOnTheThirdACK(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		mptcp bool
+		name    string
+		mptcp   bool
+		cookies bool
 	}{
-		{"request socket", false},
-		{"request socket of an MPTCP listener", true},
+		{"request socket", false, false},
+		{"request socket of an MPTCP listener", true, false},
+		{"moat's SYN cookie", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -253,6 +256,12 @@ func TestLabTLSHelloOnTheThirdACK(t *testing.T) {
 			toClient, toAttacker := sl.ifaces()
 			sl.mustMoat("attach", toClient, toAttacker)
 			port := sl.tlsServerOn(tc.mptcp)
+			if tc.cookies {
+				// moat's SYN-ACKs leave by XDP_TX, which the client's
+				// veth delivers only while it runs an XDP program.
+				sl.lab.Client.AttachPassXDPT(t)
+				sl.mustMoat("syn", "protect", fmt.Sprintf("tcp/%d", port), "--mode", "always")
+			}
 			const burst = 3
 			sl.mustMoat("limit", "config", "--gate", "none")
 			sl.mustMoat("limit", "add", "source", fmt.Sprintf("tcp/%d+tls-hello", port), "--pps", "1", "--burst", fmt.Sprint(burst), "--block", "1m")
@@ -301,6 +310,17 @@ func TestLabTLSHelloOnTheThirdACK(t *testing.T) {
 			}
 			if !blocked {
 				t.Errorf("the client was not auto-blocked (%d handshakes)", ok)
+			}
+			if tc.cookies {
+				// Every completed handshake must have been one of moat's
+				// cookies, or the row measured request sockets again.
+				var st struct {
+					Ports []syncookie.PortStatus `json:"ports"`
+				}
+				sl.moatJSON(&st, "syn", "status", "--json")
+				if len(st.Ports) != 1 || st.Ports[0].CookiesAccepted < uint64(ok) {
+					t.Errorf("%d handshakes, but syn status: %+v", ok, st.Ports)
+				}
 			}
 		})
 	}

@@ -15,9 +15,11 @@
 // lab sends nothing (static neighbours, no DAD, no router solicitations, and
 // the kernel's multicast listener reports dropped by an nftables table
 // "lab_quiet" in each namespace), so tests may count packets exactly. Every
-// veth end has GRO on (frames sent by XDP_TX or test-run live frames are
-// delivered); the client and attacker ends have tx checksum offload off, so
-// the server's XDP program sees complete checksums.
+// veth end has GRO on, so test-run live frames are delivered; frames that a
+// server's XDP program sends back with XDP_TX reach a client or attacker
+// only while that end runs an XDP program too (Host.AttachPassXDP). The
+// client and attacker ends have tx checksum offload off, so the server's
+// XDP program sees complete checksums.
 //
 // Work inside a namespace with Host.Do (sockets, netlink, XDP attach by
 // ifindex, BPF_PROG_TEST_RUN with an ingress ifindex) or run a program there
@@ -634,8 +636,8 @@ func (h *Host) configure(txCsum bool) error {
 	}
 	return h.Do(func() error {
 		for _, ifc := range h.Ifaces {
-			// GRO starts NAPI on the veth, without which frames sent by
-			// XDP_TX or test-run live frames are never delivered.
+			// GRO starts NAPI on the veth, without which test-run live
+			// frames are never delivered.
 			if err := setEthtoolFlag(ifc.Name, unix.ETHTOOL_GGRO, unix.ETHTOOL_SGRO, true); err != nil {
 				return fmt.Errorf("lab: gro on %s in %s: %w", ifc.Name, h.Name, err)
 			}

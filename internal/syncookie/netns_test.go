@@ -15,8 +15,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
@@ -103,27 +101,10 @@ func newShieldedNoCensus(t *testing.T, mode Mode) *shielded {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// SYN-ACKs leave the server by XDP_TX; veth delivers such frames only
-	// to a peer running NAPI, which GRO alone does not give here once the
-	// server side has an XDP program. A pass-through program does.
-	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pass.Close() })
-	for _, h := range []*lab.Host{l.Client, l.Attacker} {
-		if err := h.Do(func() error {
-			x, err := link.AttachXDP(link.XDPOptions{Program: pass, Interface: h.Ifaces[0].Index})
-			if err != nil {
-				return err
-			}
-			t.Cleanup(func() { x.Close() })
-			return nil
-		}); err != nil {
-			t.Fatalf("pass-through xdp on %s: %v", h.Name, err)
-		}
-	}
+	// SYN-ACKs leave the server by XDP_TX, which a veth delivers only to
+	// a peer running an XDP program.
+	l.Client.AttachPassXDPT(t)
+	l.Attacker.AttachPassXDPT(t)
 	sh := &shielded{lab: l, objs: objs}
 	// On failure, the counters say which half of the handshake broke.
 	t.Cleanup(func() {
