@@ -31,6 +31,9 @@
 #ifndef MAX_COMMENTS
 #define MAX_COMMENTS (1 << 16)
 #endif
+#ifndef MAX_AUTO_REASONS
+#define MAX_AUTO_REASONS (1 << 16)
+#endif
 #define COMMENT_LEN 64
 
 /* The port table is indexed by (class << 16) | port, where for ICMP the

@@ -81,6 +81,17 @@ struct {
 	__type(value, struct comment);
 } comments SEC(".maps");
 
+/* Reasons of the rate limits' auto-blocks, keyed as comments are. Apart
+ * from the comments, so that a flood's blocks never take the room of the
+ * operators' comments; when it is full, the reason written longest ago
+ * gives way, and its entry is listed without one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_AUTO_REASONS);
+	__type(key, struct comment_key);
+	__type(value, struct comment);
+} auto_reasons SEC(".maps");
+
 /* Protocol/port and ICMP type rules, indexed by (class << 16) | port. A range
  * rule fills every port it covers with the same id. */
 struct {

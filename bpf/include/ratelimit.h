@@ -163,7 +163,7 @@ static __always_inline void rl_charge(__u64 *tat, __u64 now, __u64 inc)
 }
 
 /* Writes the denylist entry of an auto-block: the source (or its IPv6
- * prefix) until now + block_ns, with the rule's reason as its comment, and
+ * prefix) until now + block_ns, with the rule's reason in auto_reasons, and
  * marked as monitor mode's while moat monitors. */
 static __always_inline void rl_block(const struct rl_src_key *k, struct rl_rule *r, __u64 now,
 				     struct rl_rule_stats *st)
@@ -182,8 +182,8 @@ static __always_inline void rl_block(const struct rl_src_key *k, struct rl_rule 
 	/* The summary bit before the entry: the filter skips the lookups of a
 	 * source whose bit is clear. */
 	deny_summary_mark(k->family, k->addr, k->prefixlen);
-	/* The comment first, so that the entry is never listed without it. */
-	if (bpf_map_update_elem(&comments, &ck, &r->reason, BPF_ANY) == 0)
+	/* The reason first, so that the entry is never listed without it. */
+	if (bpf_map_update_elem(&auto_reasons, &ck, &r->reason, BPF_ANY) == 0)
 		v.flags |= RULE_F_COMMENT;
 	if (k->family == 4) {
 		err = bpf_map_update_elem(&deny_v4_hosts, k->addr, &v, BPF_ANY);

@@ -58,7 +58,7 @@ func TestCapacityRefusals(t *testing.T) {
 	refused(t, "the allowlist holds at most 65536 IPv4 hosts; this change needs 65537", "import", "--list", "allow", tooMany)
 	refused(t, "the allowlist holds at most 65536 IPv4 hosts; this change needs 65537", "import", "--replace", "--list", "allow", tooMany)
 	comments := writeHosts(t, filepath.Join(dir, "big_comments.json"), "10.128.0.0", 65536, true)
-	refused(t, "holds at most 65536 comments (allowlist and denylist together, auto-blocks' reasons included); this change needs 65537", "import", comments)
+	refused(t, "holds at most 65536 comments (allowlist and denylist together); this change needs 65537", "import", comments)
 	mustRun(t, root, "block", "--comment", "still room", "100.64.0.1")
 	mustRun(t, root, "unblock", "100.64.0.1")
 

@@ -483,7 +483,7 @@ func (d *Daemon) planRules(s *shield.Shield, w *wanted) (*rulePlan, error) {
 		}
 		commented[l] = map[netip.Prefix]bool{}
 		for _, e := range have {
-			if e.Comment != "" {
+			if e.Comment != "" && !e.Auto { // auto-blocks' reasons have a map of their own
 				commented[l][e.Prefix] = true
 			}
 		}

@@ -510,6 +510,7 @@ const (
 	MoatMapAllowV4Nets                = "allow_v4_nets"
 	MoatMapAllowV6Hosts               = "allow_v6_hosts"
 	MoatMapAllowV6Nets                = "allow_v6_nets"
+	MoatMapAutoReasons                = "auto_reasons"
 	MoatMapCaptureLost                = "capture_lost"
 	MoatMapCaptureRing                = "capture_ring"
 	MoatMapCaptureSeen                = "capture_seen"
@@ -616,6 +617,7 @@ type MoatMapSpecs struct {
 	AllowV4Nets      *ebpf.MapSpec `ebpf:"allow_v4_nets"`
 	AllowV6Hosts     *ebpf.MapSpec `ebpf:"allow_v6_hosts"`
 	AllowV6Nets      *ebpf.MapSpec `ebpf:"allow_v6_nets"`
+	AutoReasons      *ebpf.MapSpec `ebpf:"auto_reasons"`
 	CaptureLost      *ebpf.MapSpec `ebpf:"capture_lost"`
 	CaptureRing      *ebpf.MapSpec `ebpf:"capture_ring"`
 	CaptureSeen      *ebpf.MapSpec `ebpf:"capture_seen"`
@@ -690,6 +692,7 @@ type MoatMaps struct {
 	AllowV4Nets      *ebpf.Map `ebpf:"allow_v4_nets"`
 	AllowV6Hosts     *ebpf.Map `ebpf:"allow_v6_hosts"`
 	AllowV6Nets      *ebpf.Map `ebpf:"allow_v6_nets"`
+	AutoReasons      *ebpf.Map `ebpf:"auto_reasons"`
 	CaptureLost      *ebpf.Map `ebpf:"capture_lost"`
 	CaptureRing      *ebpf.Map `ebpf:"capture_ring"`
 	CaptureSeen      *ebpf.Map `ebpf:"capture_seen"`
@@ -735,6 +738,7 @@ func (m *MoatMaps) Close() error {
 		m.AllowV4Nets,
 		m.AllowV6Hosts,
 		m.AllowV6Nets,
+		m.AutoReasons,
 		m.CaptureLost,
 		m.CaptureRing,
 		m.CaptureSeen,

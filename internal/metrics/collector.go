@@ -587,20 +587,24 @@ func (c *Collector) collectRateLimits(p *pinned, ch chan<- prometheus.Metric) er
 	return errors.Join(errs...)
 }
 
-// collectMaps reports the fill of the comments map (the others are
-// reported with the data they hold) and every map's memory.
+// collectMaps reports the fill of the comments map and of the auto-blocks'
+// reasons (the others are reported with the data they hold) and every
+// map's memory.
 func (c *Collector) collectMaps(p *pinned, ch chan<- prometheus.Metric) error {
 	var errs []error
-	if m, err := p.mapNamed(datapath.MoatMapComments); err != nil {
-		errs = append(errs, err)
-	} else {
+	for _, name := range []string{datapath.MoatMapComments, datapath.MoatMapAutoReasons} {
+		m, err := p.mapNamed(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		n, err := scan(m, func(*datapath.MoatCommentKey, *datapath.MoatComment) {})
 		if err != nil {
 			errs = append(errs, err)
-		} else {
-			ch <- gauge(mapEntriesDesc, float64(n), datapath.MoatMapComments)
-			ch <- gauge(mapMaxEntriesDesc, float64(m.MaxEntries()), datapath.MoatMapComments)
+			continue
 		}
+		ch <- gauge(mapEntriesDesc, float64(n), name)
+		ch <- gauge(mapMaxEntriesDesc, float64(m.MaxEntries()), name)
 	}
 	names := make([]string, 0, len(p.maps))
 	for name := range p.maps {

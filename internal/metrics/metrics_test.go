@@ -590,6 +590,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		{datapath.MoatMapAllowV4Hosts, 1, float64(s.Map(datapath.MoatMapAllowV4Hosts).MaxEntries())},
 		{datapath.MoatMapAllowV6Nets, 0, float64(s.Map(datapath.MoatMapAllowV6Nets).MaxEntries())},
 		{datapath.MoatMapComments, 1, float64(s.Map(datapath.MoatMapComments).MaxEntries())},
+		{datapath.MoatMapAutoReasons, 0, float64(s.Map(datapath.MoatMapAutoReasons).MaxEntries())},
 		{datapath.MoatMapPortRuleDefs, 2, float64(s.Map(datapath.MoatMapPortRuleDefs).MaxEntries() - 1)},
 		{datapath.MoatMapSynCounters, 2, float64(syncookie.MaxProtectedPorts)},
 	} {

@@ -80,7 +80,7 @@ func (f *filter) reset(cfg ratelimit.Config) {
 		f.tb.Fatal(err)
 	}
 	for _, m := range []*ebpf.Map{f.rl.Sources, f.rl.HHSources, f.coll.Maps[datapath.MoatMapDenyV4Hosts],
-		f.coll.Maps[datapath.MoatMapDenyV6Nets], f.coll.Maps[datapath.MoatMapComments]} {
+		f.coll.Maps[datapath.MoatMapDenyV6Nets], f.coll.Maps[datapath.MoatMapComments], f.coll.Maps[datapath.MoatMapAutoReasons]} {
 		clearMap(f.tb, m)
 	}
 	if err := f.rl.ResetShape(); err != nil {
@@ -653,11 +653,15 @@ func TestLimits(t *testing.T) {
 		ck := datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32}
 		copy(ck.Addr[:], src4.AsSlice())
 		var c datapath.MoatComment
-		if err := f.coll.Maps[datapath.MoatMapComments].Lookup(ck, &c); err != nil {
-			t.Fatalf("no comment: %v", err)
+		if err := f.coll.Maps[datapath.MoatMapAutoReasons].Lookup(ck, &c); err != nil {
+			t.Fatalf("no reason: %v", err)
 		}
 		if txt := cString(c.Text[:]); !strings.HasPrefix(txt, "auto-block on udp: over 100pps per source") {
-			t.Errorf("comment %q", txt)
+			t.Errorf("reason %q", txt)
+		}
+		// The operators' comments keep their room.
+		if err := f.coll.Maps[datapath.MoatMapComments].Lookup(ck, &c); !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Errorf("the auto-block wrote a comment (%v)", err)
 		}
 		ls, err := f.rl.Limits()
 		if err != nil {

@@ -311,8 +311,8 @@ func TestQualifiedScopesFallThrough(t *testing.T) {
 		ck := datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32}
 		copy(ck.Addr[:], src4.AsSlice())
 		var cm datapath.MoatComment
-		if err := f.coll.Maps[datapath.MoatMapComments].Lookup(ck, &cm); err != nil {
-			t.Fatalf("no auto-block comment: %v", err)
+		if err := f.coll.Maps[datapath.MoatMapAutoReasons].Lookup(ck, &cm); err != nil {
+			t.Fatalf("no auto-block reason: %v", err)
 		}
 		if txt := cString(cm.Text[:]); !strings.Contains(txt, "tcp/443+tls-hello") {
 			t.Errorf("auto-block reason %q does not name the scope", txt)

@@ -1,9 +1,12 @@
 package shield_test
 
 import (
+	"errors"
+	"maps"
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/datapath"
@@ -154,13 +157,13 @@ func TestBlockReplacesAutoBlock(t *testing.T) {
 				t.Fatal(err)
 			}
 			src := netip.MustParseAddr("198.51.100.9")
-			// As the data path writes it: auto, commented (and monitor's
-			// in monitor mode).
+			// As the data path writes it: auto, with a reason (and
+			// monitor's in monitor mode).
 			v := datapath.MoatPrefixRule{Prefixlen: 32, Flags: 1 | 2, ExpiresNs: bootNs(t) + 600e9}
 			if monitor {
 				v.Flags |= 4
 			}
-			if err := s.Map(datapath.MoatMapComments).Put(datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32, Addr: [16]byte(append(src.AsSlice(), make([]byte, 12)...))},
+			if err := s.Map(datapath.MoatMapAutoReasons).Put(datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32, Addr: [16]byte(append(src.AsSlice(), make([]byte, 12)...))},
 				datapath.MoatComment{}); err != nil {
 				t.Fatal(err)
 			}
@@ -181,13 +184,82 @@ func TestBlockReplacesAutoBlock(t *testing.T) {
 			if err != nil || !ok || e.Auto || e.Monitor || !e.Expires.IsZero() {
 				t.Fatalf("after the block (and monitor mode): entry %+v held %v (%v); want the operator's, without expiry", e, ok, err)
 			}
-			if n := commentCount(t, s); n != 0 {
-				t.Errorf("%d comments left; the auto-block's went with it", n)
+			if n := mapCount(t, s, datapath.MoatMapAutoReasons); n != 0 {
+				t.Errorf("%d auto-block reasons left; the replaced one's went with it", n)
 			}
 			// The operator's entry is a rule: a second block is refused.
 			if _, err := s.Insert(shield.DenyList, entries("198.51.100.9/32")); err == nil {
 				t.Error("a second block of the same source was not refused")
 			}
 		})
+	}
+}
+
+// TestAutoBlockReasons: the data path writes an auto-block's reason into a
+// map of its own, so that a flood's blocks never fill the operators'
+// comment map. Listings take an auto-block's reason from there, and one
+// written by an older moat from the comment map; an operator's entry never
+// shows a reason left behind for its prefix; removing an auto-block takes
+// its reason with it.
+func TestAutoBlockReasons(t *testing.T) {
+	s := openFresh(t)
+	key := func(a netip.Addr) datapath.MoatCommentKey {
+		return datapath.MoatCommentKey{List: 1, Family: 4, Prefixlen: 32, Addr: [16]byte(append(a.AsSlice(), make([]byte, 12)...))}
+	}
+	text := func(s string) (c datapath.MoatComment) {
+		for i := range len(s) {
+			c.Text[i] = int8(s[i])
+		}
+		return c
+	}
+	auto := netip.MustParseAddr("198.51.100.1")  // written by this data path
+	older := netip.MustParseAddr("198.51.100.2") // by an older one, into the comments
+	if err := s.Add(shield.DenyList, []shield.Entry{{Prefix: netip.MustParsePrefix("198.51.100.3/32"), Comment: "the operator's"}}, shield.Strict); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		m    string
+		a    netip.Addr
+		text string
+	}{
+		{datapath.MoatMapAutoReasons, auto, "auto-block on udp: over 10pps per source"},
+		{datapath.MoatMapComments, older, "auto-block on tcp: over 5pps per source"},
+		{datapath.MoatMapAutoReasons, netip.MustParseAddr("198.51.100.3"), "left behind"},
+	} {
+		if err := s.Map(w.m).Put(key(w.a), text(w.text)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range []netip.Addr{auto, older} {
+		v := datapath.MoatPrefixRule{Prefixlen: 32, Flags: 1 | 2, ExpiresNs: bootNs(t) + 600e9}
+		if err := s.Map(datapath.MoatMapDenyV4Hosts).Put(datapath.MoatHostV4{Addr: a.As4()}, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es, err := s.Entries(shield.DenyList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, e := range es {
+		got[e.Prefix.String()] = e.Comment
+	}
+	want := map[string]string{
+		"198.51.100.1/32": "auto-block on udp: over 10pps per source",
+		"198.51.100.2/32": "auto-block on tcp: over 5pps per source",
+		"198.51.100.3/32": "the operator's",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("listing %v, want %v", got, want)
+	}
+	if err := s.RemovePrefixes(shield.DenyList, []netip.Prefix{netip.PrefixFrom(auto, 32), netip.PrefixFrom(older, 32)}); err != nil {
+		t.Fatal(err)
+	}
+	var c datapath.MoatComment
+	if err := s.Map(datapath.MoatMapAutoReasons).Lookup(key(auto), &c); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("the removed auto-block's reason is still there (%v)", err)
+	}
+	if n := commentCount(t, s); n != 1 {
+		t.Errorf("%d comments after the auto-blocks went, want the operator's 1", n)
 	}
 }

@@ -124,7 +124,7 @@ func testAddRefusesOverCapacity(t *testing.T, few bool) {
 	})
 	t.Run("comments full", func(t *testing.T) {
 		err := s.Add(shield.DenyList, commented(hosts("198.51.100.1", 5), "new"), shield.Upsert)
-		refused(t, err, "holds at most 6 comments (allowlist and denylist together, auto-blocks' reasons included)"+room(7))
+		refused(t, err, "holds at most 6 comments (allowlist and denylist together)"+room(7))
 	})
 	t.Run("replace needs old and new at once", func(t *testing.T) {
 		// Stale entries go only after the new ones are in place.

@@ -228,6 +228,9 @@ func (s *Shield) Insert(l List, entries []Entry) (Replaced, error) {
 	if len(replacedEntries) == 0 {
 		return r, nil
 	}
+	if l == DenyList {
+		s.dropAutoReasons(r.AutoBlocks)
+	}
 	return r, s.dropStaleComments(l, replacedEntries)
 }
 
@@ -269,7 +272,7 @@ func stored(e Entry, now uint64) (datapath.MoatPrefixRule, datapath.MoatComment)
 	v := datapath.MoatPrefixRule{ExpiresNs: bootDeadline(e.Expires, now), Prefixlen: uint32(e.Prefix.Bits())}
 	var t datapath.MoatComment
 	if e.Comment != "" {
-		v.Flags = 1 // RULE_F_COMMENT
+		v.Flags = ruleFComment
 		for i := 0; i < len(e.Comment); i++ {
 			t.Text[i] = int8(e.Comment[i])
 		}
@@ -368,7 +371,7 @@ func (s *Shield) addFew(l List, entries []Entry, mode AddMode) error {
 			}
 			if err != nil {
 				if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
-					err = userErrorf("the comment map holds at most %d comments (allowlist and denylist together, auto-blocks' reasons included); it has no room for this change", w.m.MaxEntries())
+					err = userErrorf("the comment map holds at most %d comments (allowlist and denylist together); it has no room for this change", w.m.MaxEntries())
 					if w.prefix.IsValid() {
 						err = userErrorf("the %s holds at most %d %s; it has no room for this change", l, w.m.MaxEntries(), classNames[prefixClass(w.prefix)])
 					}
@@ -457,7 +460,7 @@ func (s *Shield) checkCommentRoom(cs ...*listChange) error {
 		return err
 	}
 	if need := r.have + r.added; need > r.max {
-		return userErrorf("the comment map holds at most %d comments (allowlist and denylist together, auto-blocks' reasons included); this change needs %d", r.max, need)
+		return userErrorf("the comment map holds at most %d comments (allowlist and denylist together); this change needs %d", r.max, need)
 	}
 	for i, c := range cs {
 		c.heldComments = r.held[i]
@@ -788,6 +791,18 @@ func (s *Shield) anyListed(l List, entries []Entry) (netip.Prefix, bool, []int, 
 	return netip.Prefix{}, false, slices.Concat(stale...), slices.Concat(auto...), nil
 }
 
+// dropAutoReasons deletes the auto-block reasons of prefixes, those that
+// have one. A reason left behind would only wait for the map to evict it:
+// an entry reads the map only while it is an auto-block, and every
+// auto-block writes its own reason first.
+func (s *Shield) dropAutoReasons(prefixes []netip.Prefix) {
+	b := mapBatch[datapath.MoatCommentKey, datapath.MoatComment]{m: s.maps[datapath.MoatMapAutoReasons]}
+	for _, p := range prefixes {
+		b.addKey(commentKey(DenyList, p))
+	}
+	runJobs(b.deleteJobs())
+}
+
 // dropStaleComments deletes the old comments of entries rewritten without
 // one; left behind, they would fill the comment map for nothing.
 func (s *Shield) dropStaleComments(l List, entries []Entry) error {
@@ -833,6 +848,9 @@ func (s *Shield) deletePrefixes(l List, prefixes []netip.Prefix) error {
 		return fmt.Errorf("update %s: %w", l, err)
 	}
 	runJobs(cb.deleteJobs()) // entries without a comment have none to delete
+	if l == DenyList {
+		s.dropAutoReasons(prefixes)
+	}
 	if l == AllowList {
 		return s.clearEmptyAllowFamilies()
 	}
@@ -965,21 +983,42 @@ func (s *Shield) Entries(l List) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	var reasons map[netip.Prefix]string
+	if l == DenyList && slices.ContainsFunc(rs, func(r listRule) bool { return r.rule.Flags&(ruleFAuto|ruleFComment) == ruleFAuto|ruleFComment }) {
+		if reasons, err = readComments(s.maps[datapath.MoatMapAutoReasons], DenyList); err != nil {
+			return nil, err
+		}
+	}
 	out := make([]Entry, len(rs))
 	now, bootNs := time.Now(), bootNow()
 	for i, r := range rs {
 		out[i] = Entry{Prefix: r.prefix, Hits: r.rule.Hits, Expires: wallDeadline(r.rule.ExpiresNs, now, bootNs),
 			Auto: r.rule.Flags&ruleFAuto != 0, Monitor: r.rule.Flags&ruleFMonitor != 0, expiresNs: r.rule.ExpiresNs}
-		if r.rule.Flags&1 != 0 {
-			out[i].Comment = comments[r.prefix]
+		if r.rule.Flags&ruleFComment == 0 {
+			continue
 		}
+		// An auto-block's reason is in its own map; one written by an
+		// older moat is a comment.
+		c, ok := reasons[r.prefix]
+		if !ok || !out[i].Auto {
+			c = comments[r.prefix]
+		}
+		out[i].Comment = c
 	}
 	return out, nil
 }
 
+// comments returns the operators' comments of list l (and, from older
+// versions of moat, auto-blocks' reasons).
 func (s *Shield) comments(l List) (map[netip.Prefix]string, error) {
+	return readComments(s.maps[datapath.MoatMapComments], l)
+}
+
+// readComments reads a map of comments (the comments or auto_reasons map),
+// those of list l.
+func readComments(m *ebpf.Map, l List) (map[netip.Prefix]string, error) {
 	out := map[netip.Prefix]string{}
-	err := readAll(s.maps[datapath.MoatMapComments], func(k *datapath.MoatCommentKey, c *datapath.MoatComment) {
+	err := readAll(m, func(k *datapath.MoatCommentKey, c *datapath.MoatComment) {
 		if List(k.List) != l {
 			return
 		}

@@ -42,7 +42,7 @@ var sharedMaps = []string{
 	datapath.MoatMapDenyV4Hosts, datapath.MoatMapDenyV6Hosts,
 	datapath.MoatMapDenyV4Nets, datapath.MoatMapDenyV6Nets,
 	datapath.MoatMapDenySummary, datapath.MoatMapDenyHostSummary, datapath.MoatMapDenySummaryState,
-	datapath.MoatMapComments, datapath.MoatMapPortRules,
+	datapath.MoatMapComments, datapath.MoatMapAutoReasons, datapath.MoatMapPortRules,
 	datapath.MoatMapPortRuleHits, datapath.MoatMapPortRuleDefs, datapath.MoatMapSettings,
 	// The census before the counters: carrying counters over reads it.
 	datapath.MoatMapSynPorts, datapath.MoatMapSynCensus, datapath.MoatMapSynCounters, datapath.MoatMapSynKeys,

@@ -102,7 +102,14 @@ func TestAddAndRemoveAllOrNothing(t *testing.T) {
 
 func commentCount(t *testing.T, s *shield.Shield) int {
 	t.Helper()
-	m := s.Map(datapath.MoatMapComments)
+	return mapCount(t, s, datapath.MoatMapComments)
+}
+
+// mapCount counts the elements of a map of comments (or of auto-blocks'
+// reasons).
+func mapCount(t *testing.T, s *shield.Shield, name string) int {
+	t.Helper()
+	m := s.Map(name)
 	var k datapath.MoatCommentKey
 	var v datapath.MoatComment
 	n := 0
