@@ -1,13 +1,16 @@
 package ratelimit_test
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // connNetns is a network namespace held by a thread of its own, with one
@@ -56,6 +59,19 @@ func newConnNetns(tb testing.TB, pairs ...[2]netip.AddrPort) *connNetns {
 					addr := &netlink.Addr{IPNet: netlink.NewIPNet(a.AsSlice()), Flags: 0x02} // IFA_F_NODAD
 					if err := netlink.AddrAdd(lo, addr); err != nil {
 						return err
+					}
+				}
+			}
+			// IPv6 addresses get their local route from the kernel's
+			// address work, after AddrAdd returns.
+			for a := range added {
+				for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+					rs, err := netlink.RouteGet(a.AsSlice())
+					if err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+						break
+					}
+					if time.Now().After(deadline) {
+						return fmt.Errorf("no local route to %s: %v %v", a, rs, err)
 					}
 				}
 			}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/lab"
 	"github.com/moat-shield/moat/internal/ratelimit"
 	"github.com/moat-shield/moat/internal/testpkt"
 )
@@ -30,6 +31,14 @@ type filter struct {
 	prog *ebpf.Program
 	rl   ratelimit.Maps
 	ns   *connNetns // where packets run, if not here
+	// Or a lab host's namespace, where packets come in on ifindex.
+	host    *lab.Host
+	ifindex int
+}
+
+// xdpMD is the kernel's struct xdp_md, the context of an XDP test run.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
 }
 
 func newFilter(tb testing.TB) *filter {
@@ -55,13 +64,26 @@ func newFilter(tb testing.TB) *filter {
 }
 
 // in runs fn where the filter's packets run: on the thread of a
-// namespace with connections (inNetns), or here.
+// namespace with connections (inNetns), in a lab host's namespace
+// (inLab), or here.
 func (f *filter) in(fn func()) {
-	if f.ns != nil {
+	switch {
+	case f.ns != nil:
 		f.ns.Do(fn)
-		return
+	case f.host != nil:
+		if err := f.host.Do(func() error { fn(); return nil }); err != nil {
+			f.tb.Fatal(err)
+		}
+	default:
+		fn()
 	}
-	fn()
+}
+
+// inLab runs the filter's packets from now on in h's namespace, as if
+// they came in on ifc (one of h's interfaces): the program's socket
+// lookups see h's sockets.
+func (f *filter) inLab(h *lab.Host, ifc lab.Iface) {
+	f.host, f.ifindex = h, ifc.Index
 }
 
 // inNetns runs the filter's packets from now on in a namespace where the
@@ -201,7 +223,11 @@ func (f *filter) send(pkt []byte, n int) (passed int) {
 	var err error
 	f.in(func() {
 		for range n {
-			if _, err = f.prog.Run(&ebpf.RunOptions{Data: pkt}); err != nil {
+			opts := &ebpf.RunOptions{Data: pkt}
+			if f.ifindex != 0 {
+				opts.Context = xdpMD{DataEnd: uint32(len(pkt)), IngressIfindex: uint32(f.ifindex)}
+			}
+			if _, err = f.prog.Run(opts); err != nil {
 				return
 			}
 		}

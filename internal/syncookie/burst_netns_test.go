@@ -162,8 +162,8 @@ func TestHandshakeBurst(t *testing.T) {
 			}
 			_, accepted := echoServer(t, s.lab.Server)
 			quietResets(t, s.lab.Attacker)
-			send := rawSender(t, s.lab.Attacker)
-			catch := synAckCatcher(t, s.lab.Attacker)
+			send := s.lab.Attacker.RawSender(t)
+			catch := s.lab.Attacker.SynAckCatcher(t)
 			burst := burster(t, s.lab.Attacker)
 			ifc := s.lab.Attacker.Ifaces[0]
 			const sport = 45000

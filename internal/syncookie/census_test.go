@@ -317,7 +317,7 @@ func TestCensusMarksSockets(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	send := rawSender(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
 	ghost := netip.AddrPortFrom(netip.MustParseAddr("198.19.3.3"), 33333)
 	send(testpkt.Frame{SrcMAC: atk.MAC, DstMAC: atk.PeerMAC,
 		Net: testpkt.IPv4{Src: ghost.Addr(), Dst: atk.PeerIPv4},

@@ -15,7 +15,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -31,7 +30,7 @@ import (
 func TestForgedZeroKeyACKsRefused(t *testing.T) {
 	s := newShielded(t, ModeAlways)
 	_, accepted := echoServer(t, s.lab.Server)
-	send := rawSender(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
 	ifc := s.lab.Attacker.Ifaces[0]
 	before := s.status(t)
 	const n = 5
@@ -259,47 +258,6 @@ func TestRoutedConnectionsLeftAlone(t *testing.T) {
 	}
 }
 
-// synAckCatcher reads, on h's first interface, the frames that come in,
-// and returns the next TCP SYN-ACK to port.
-func synAckCatcher(t *testing.T, h *lab.Host) func(port uint16) *layers.TCP {
-	t.Helper()
-	var fd int
-	if err := h.Do(func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: h.Ifaces[0].Index})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		t.Fatal(err)
-	}
-	return func(port uint16) *layers.TCP {
-		buf := make([]byte, 2048)
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			n, from, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil {
-				continue
-			}
-			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-				continue
-			}
-			pkt := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default)
-			if tcp, ok := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP); ok && tcp.SYN && tcp.ACK && uint16(tcp.DstPort) == port {
-				return tcp
-			}
-		}
-		t.Fatalf("no SYN-ACK to port %d", port)
-		return nil
-	}
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
-
 // TestSettingsChangedDuringHandshake: the server's namespace turns a TCP
 // option off between moat's SYN-ACK (which offered it) and the client's
 // ACK. The kernel would refuse a request socket with SACK or timestamps
@@ -311,8 +269,8 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 func TestSettingsChangedDuringHandshake(t *testing.T) {
 	s := newShielded(t, ModeAlways)
 	_, accepted := echoServer(t, s.lab.Server)
-	send := rawSender(t, s.lab.Attacker)
-	catch := synAckCatcher(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
+	catch := s.lab.Attacker.SynAckCatcher(t)
 	ifc := s.lab.Attacker.Ifaces[0]
 
 	for i, tc := range []struct {
@@ -401,8 +359,8 @@ func TestKernelCookieACKs(t *testing.T) {
 	census.Generation = 9
 	_, accepted := echoServer(t, s.lab.Server)
 	setSysctl(t, s.lab.Server, "tcp_syncookies", "2") // the kernel answers every SYN with a cookie
-	send := rawSender(t, s.lab.Attacker)
-	catch := synAckCatcher(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
+	catch := s.lab.Attacker.SynAckCatcher(t)
 	ifc := s.lab.Attacker.Ifaces[0]
 
 	for i, tc := range []struct {
@@ -530,7 +488,7 @@ func TestAutoCookiesEndAfterTheFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	handshake := cookieHandshakes(t, s, key, 32000)
-	send := rawSender(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
 	for range 3 {
 		send(spoofed(s.lab, testpkt.TCP{SYN: true, Seq: 1}))
 	}
@@ -558,7 +516,7 @@ func TestAutoCookiesEndAfterTheFlood(t *testing.T) {
 func cookieHandshakes(t *testing.T, s *shielded, key Key, sport uint16) func() bool {
 	t.Helper()
 	_, accepted := echoServer(t, s.lab.Server)
-	send := rawSender(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
 	ifc := s.lab.Attacker.Ifaces[0]
 	return func() bool {
 		sport++

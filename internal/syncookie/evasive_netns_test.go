@@ -102,7 +102,7 @@ func TestEvasivePacketsNeverReachTheListener(t *testing.T) {
 	}
 	t.Cleanup(func() { ln.Close() })
 
-	send := rawSender(t, l.Attacker)
+	send := l.Attacker.RawSender(t)
 	sport := uint16(41000)
 	syn := func() testpkt.TCP {
 		sport++

@@ -2,7 +2,6 @@ package syncookie
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -20,34 +19,43 @@ import (
 // MSS the server sends with, and the SYN-ACK announces the window the
 // kernel's would (SO_RCVBUF, TCP_WINDOW_CLAMP on the listener), which the
 // server's socket then takes. moat used to announce its fixed MSS and a
-// window of 65535 whatever the listener. A TCP_MAXSEG below 536 is the
-// one difference: the server sends segments of 536 bytes, where the
+// window of 65535 whatever the listener. A TCP_MAXSEG below the
+// family's least MSS (536 for IPv4, 1220 for IPv6) is the one
+// difference: the server sends segments of that least MSS, where the
 // kernel's handshake gives it the TCP_MAXSEG (the client still sends the
 // TCP_MAXSEG, as announced).
 func TestHandshakeFollowsTheListener(t *testing.T) {
 	s := newShielded(t, ModeAlways)
 	const plainPort = labPort + 1 // unprotected: the kernel's handshake
+	maxseg := func(mss int) func(fd int) error {
+		return func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, mss) }
+	}
 	for _, tc := range []struct {
-		name string
-		opt  func(fd int) error
+		name    string
+		network string // tcp4 or tcp6
+		opt     func(fd int) error
 		// srvMSS, when set, is the MSS the server's socket takes after a
 		// moat handshake, where it cannot be the kernel's: the kfunc takes
-		// no MSS below 536, which a TCP_MAXSEG below that caps at.
+		// no MSS below 536 (IPv4) or 1220 (IPv6), which a TCP_MAXSEG below
+		// that caps at.
 		srvMSS uint32
 	}{
-		{"no option", nil, 0},
-		{"TCP_MAXSEG 1000", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, 1000) }, 0},
-		{"TCP_MAXSEG 300", func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, 300) }, 536},
-		{"SO_RCVBUF 4096", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) }, 0},
-		{"TCP_WINDOW_CLAMP 8192", func(fd int) error {
+		{"no option", "tcp4", nil, 0},
+		{"TCP_MAXSEG 1000", "tcp4", maxseg(1000), 0},
+		{"TCP_MAXSEG 300", "tcp4", maxseg(300), 536},
+		{"SO_RCVBUF 4096", "tcp4", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) }, 0},
+		{"TCP_WINDOW_CLAMP 8192", "tcp4", func(fd int) error {
 			return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, 8192)
 		}, 0},
+		{"ipv6 no option", "tcp6", nil, 0},
+		// Above IPv4's least MSS, below IPv6's.
+		{"ipv6 TCP_MAXSEG 1000", "tcp6", maxseg(1000), 1220},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			type res struct{ cli, srv sockInfo }
 			got := map[uint16]res{}
 			for _, port := range []uint16{labPort, plainPort} {
-				ln := s.listenTCP4(t, port, tc.opt)
+				ln := s.listenTCP(t, tc.network, port, tc.opt)
 				acc := make(chan *net.TCPConn, 1)
 				go func() {
 					c, err := ln.Accept()
@@ -56,7 +64,7 @@ func TestHandshakeFollowsTheListener(t *testing.T) {
 					}
 				}()
 				before := s.status(t)
-				c := s.dialTCP4(t, port)
+				c := s.dialTCP(t, tc.network, port)
 				var srv *net.TCPConn
 				select {
 				case srv = <-acc:
@@ -113,7 +121,7 @@ func TestFirstFlightWithinTheWindow(t *testing.T) {
 	const plainPort = labPort + 1
 	retrans := map[uint16]uint32{}
 	for _, port := range []uint16{labPort, plainPort} {
-		ln := s.listenTCP4(t, port, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+		ln := s.listenTCP(t, "tcp4", port, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
 		done := make(chan int, 1)
 		go func() {
 			c, err := ln.Accept()
@@ -135,7 +143,7 @@ func TestFirstFlightWithinTheWindow(t *testing.T) {
 			}
 			done <- n
 		}()
-		c := s.dialTCP4(t, port)
+		c := s.dialTCP(t, "tcp4", port)
 		c.(*net.TCPConn).SetNoDelay(true)
 		c.Write(make([]byte, 14000))
 		if n := <-done; n != 14000 {
@@ -168,7 +176,7 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 	}
 	const plainPort = labPort + 1
 	for _, port := range []uint16{plainPort, labPort} {
-		ln := s.listenTCP4(t, port, nil)
+		ln := s.listenTCP(t, "tcp4", port, nil)
 		got := make(chan int64, 1)
 		go func() {
 			c, err := ln.Accept()
@@ -181,7 +189,7 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 			n, _ := io.Copy(io.Discard, c)
 			got <- n
 		}()
-		c := s.dialTCP4(t, port)
+		c := s.dialTCP(t, "tcp4", port)
 		ci := tcpInfo(t, c.(*net.TCPConn))
 		c.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		c.Write(make([]byte, 100000))
@@ -195,10 +203,11 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 	}
 }
 
-// listenTCP4 opens a listener on port in the server's namespace, on every
-// IPv4 address, with opt (if any) applied to its socket before it listens.
-// MPTCP is off, as on every protected port.
-func (s *shielded) listenTCP4(t *testing.T, port uint16, opt func(fd int) error) net.Listener {
+// listenTCP opens a listener on port in the server's namespace, on every
+// address of network's family (tcp4 or tcp6), with opt (if any) applied
+// to its socket before it listens. MPTCP is off, as on every protected
+// port.
+func (s *shielded) listenTCP(t *testing.T, network string, port uint16, opt func(fd int) error) net.Listener {
 	t.Helper()
 	var lcfg net.ListenConfig
 	lcfg.SetMultipathTCP(false)
@@ -209,9 +218,13 @@ func (s *shielded) listenTCP4(t *testing.T, port uint16, opt func(fd int) error)
 		}
 		return err
 	}
+	wildcard := netip.IPv4Unspecified()
+	if network == "tcp6" {
+		wildcard = netip.IPv6Unspecified()
+	}
 	var ln net.Listener
 	if err := s.lab.Server.Do(func() (err error) {
-		ln, err = lcfg.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+		ln, err = lcfg.Listen(context.Background(), network, netip.AddrPortFrom(wildcard, port).String())
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -219,12 +232,17 @@ func (s *shielded) listenTCP4(t *testing.T, port uint16, opt func(fd int) error)
 	return ln
 }
 
-// dialTCP4 connects from the client to port on the server over IPv4.
-func (s *shielded) dialTCP4(t *testing.T, port uint16) net.Conn {
+// dialTCP connects from the client to port on the server over network
+// (tcp4 or tcp6).
+func (s *shielded) dialTCP(t *testing.T, network string, port uint16) net.Conn {
 	t.Helper()
+	addr := s.lab.Client.Ifaces[0].PeerIPv4
+	if network == "tcp6" {
+		addr = s.lab.Client.Ifaces[0].PeerIPv6
+	}
 	var c net.Conn
 	if err := s.lab.Client.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(s.lab.Client.Ifaces[0].PeerIPv4, port).String(), 5*time.Second)
+		c, err = net.DialTimeout(network, netip.AddrPortFrom(addr, port).String(), 5*time.Second)
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -332,35 +332,6 @@ func TestHandshakeKeepsOptions(t *testing.T) {
 	}
 }
 
-// rawSender transmits frames on the attacker's interface with AF_PACKET.
-func rawSender(t *testing.T, h *lab.Host) func(frame []byte) {
-	t.Helper()
-	ifc := h.Ifaces[0]
-	var fd int
-	if err := h.Do(func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	sa := &unix.SockaddrLinklayer{Ifindex: ifc.Index, Halen: 6}
-	copy(sa.Addr[:], ifc.PeerMAC)
-	return func(frame []byte) {
-		for {
-			err := unix.Sendto(fd, frame, 0, sa)
-			if err == unix.ENOBUFS || err == unix.EAGAIN {
-				time.Sleep(time.Millisecond)
-				continue
-			}
-			if err != nil {
-				t.Fatalf("send: %v", err)
-			}
-			return
-		}
-	}
-}
-
 // spoofed returns a frame from a random address of the lab's spoofed range
 // to the server's attacker-side address.
 func spoofed(l *lab.Lab, tcp testpkt.TCP) []byte {
@@ -387,7 +358,7 @@ func TestAckFloodDropped(t *testing.T) {
 	<-accepted
 	exchange(t, c, 4096)
 
-	send := rawSender(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
 	const flood = 10000
 	before := s.status(t)
 	var wg sync.WaitGroup
@@ -442,7 +413,7 @@ func TestAutoModeUnderSynFlood(t *testing.T) {
 		t.Fatalf("before the flood: %+v", st)
 	}
 
-	send := rawSender(t, s.lab.Attacker)
+	send := s.lab.Attacker.RawSender(t)
 	// Frames are built up front so the generator is limited by the
 	// kernel, not by packet building.
 	var synFlood [512][]byte
