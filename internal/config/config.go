@@ -576,6 +576,16 @@ func (c *Config) check(e *errs) {
 			at(l.Line, "%s: %v", path, err)
 			continue
 		}
+		// Left out, a burst is the default; 0 would let nothing through,
+		// as `moat limit add --burst 0` is refused for.
+		for _, b := range []struct {
+			name string
+			v    uint64
+		}{{"burst_packets", l.BurstPackets}, {"burst_bytes", l.BurstBytes}} {
+			if _, given := e.lines[path+"."+b.name]; given && b.v == 0 {
+				key(path+"."+b.name, "must be at least 1; leave it out for the default")
+			}
+		}
 		k := kind.String() + " " + scope.String()
 		if first, dup := seenLimits[k]; dup {
 			at(l.Line, "%s: a %s limit on %s is given twice (first at line %d)", path, kind, scope, first)

@@ -83,6 +83,8 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"bad log level", "daemon:\n  log_level: chatty\n", 2, `invalid level "chatty"`},
 		{"missing list file", "lists:\n  - file: /nonexistent/moat-list\n", 2, "no such file"},
 		{"limit without rate", "limits:\n  - kind: source\n    scope: udp/53\n", 2, "give a rate"},
+		{"limit burst 0", "limits:\n  - kind: source\n    scope: udp/53\n    pps: 10\n    burst_packets: 0\n", 5, "limits[1].burst_packets: must be at least 1"},
+		{"limit byte burst 0", "limits:\n  - kind: budget\n    scope: udp\n    bps: 8000\n    burst_bytes: 0\n", 5, "limits[1].burst_bytes: must be at least 1"},
 		{"limit bad scope", "limits:\n  - kind: budget\n    scope: sctp\n    pps: 10\n", 2, "limits[1]: "},
 		{"limit bad kind", "limits:\n  - kind: global\n    scope: udp\n    pps: 10\n", 2, `invalid limit kind "global"`},
 		{"limit twice", "limits:\n  - {kind: source, scope: udp/53, pps: 10}\n  - {kind: source, scope: udp/53, pps: 20}\n", 3, "given twice (first at line 2)"},
