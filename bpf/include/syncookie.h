@@ -769,7 +769,8 @@ static __always_inline int syn_local_listener(struct xdp_md *ctx, const struct p
 
 /* A SYN moat may answer comes to a unicast frame, from and to unicast,
  * routable addresses: no SYN-ACK to broadcast, multicast, loopback or
- * unspecified addresses, which the kernel would never answer either. */
+ * unspecified addresses, nor over IPv6 to an IPv4-mapped one, which the
+ * kernel would never answer either. */
 static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const struct packet *p)
 {
 	__u64 hi, lo;
@@ -794,6 +795,8 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
 		__builtin_memcpy(&hi, a, 8);
 		__builtin_memcpy(&lo, a + 8, 8);
 		if (hi == 0 && (lo == 0 || lo == bpf_cpu_to_be64(1))) /* :: and ::1 */
+			return 0;
+		if (hi == 0 && a[8] == 0 && a[9] == 0 && a[10] == 0xff && a[11] == 0xff) /* ::ffff:0:0/96 */
 			return 0;
 	}
 	return 1;

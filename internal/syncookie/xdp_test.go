@@ -662,6 +662,7 @@ func TestSynsThatGetNoCookie(t *testing.T) {
 		{"from ::1", v6("::1", "2001:db8::1"), 1},
 		{"from ::", v6("::", "2001:db8::1"), 1},
 		{"to ::1", v6("2001:db8::10", "::1"), 1},
+		{"to ::ffff:192.0.2.1", v6("2001:db8::10", "::ffff:192.0.2.1"), 1},
 
 		{"unprotected port", synFrame(nil, client4, server4, testpkt.TCP{DstPort: unprotectedPort, Options: opts}), 2},
 		{"never mode", synFrame(nil, client4, server4, testpkt.TCP{DstPort: neverPort, Options: opts}), 2},

@@ -386,7 +386,9 @@ func (n IPv4) layer(l4 Transport) (*layers.IPv4, error) {
 }
 
 func (n IPv6) layer() (*layers.IPv6, error) {
-	if !n.Src.Is6() || !n.Dst.Is6() || n.Src.Is4In6() || n.Dst.Is4In6() {
+	// IPv4-mapped addresses are IPv6 addresses on the wire (an attacker
+	// may send them); plain IPv4 ones are a mistake.
+	if !n.Src.Is6() || !n.Dst.Is6() {
 		return nil, fmt.Errorf("IPv6 needs IPv6 addresses, have %v -> %v", n.Src, n.Dst)
 	}
 	ip := &layers.IPv6{
