@@ -64,6 +64,18 @@ static __always_inline int verdict(struct xdp_md *ctx, const struct runtime_sett
 	return action;
 }
 
+/* A drop verdict of the lists or the rate limits. In monitor mode the
+ * packet passes instead, and a protected port's SYN or SYN-ACK passed so
+ * makes a connection the census must know of, as those past syn_defend
+ * (see there). */
+static __always_inline int policy_drop(struct xdp_md *ctx, const struct runtime_settings *cfg,
+				       struct packet *p, enum verdict_reason reason)
+{
+	if (cfg->monitor)
+		syn_note_monitored(ctx, p);
+	return verdict(ctx, cfg, reason, XDP_DROP);
+}
+
 SEC("xdp")
 int moat_filter(struct xdp_md *ctx)
 {
@@ -103,7 +115,7 @@ int moat_filter(struct xdp_md *ctx)
 	rule = match_deny(&pkt);
 	if (rule) {
 		__sync_fetch_and_add(&rule->hits, 1);
-		return verdict(ctx, cfg, REASON_DENYLIST, XDP_DROP);
+		return policy_drop(ctx, cfg, &pkt, REASON_DENYLIST);
 	}
 
 	/* Port rules judge whole packets with their L4 header: not malformed
@@ -116,7 +128,7 @@ int moat_filter(struct xdp_md *ctx)
 		if (prule && prule->action == ACTION_DROP) {
 			port_hit(prule);
 			rl_check(ctx, &pkt, 1); /* the attack shape and heavy hitters see it */
-			return verdict(ctx, cfg, REASON_PORT_DROP, XDP_DROP);
+			return policy_drop(ctx, cfg, &pkt, REASON_PORT_DROP);
 		}
 	}
 
@@ -131,9 +143,9 @@ int moat_filter(struct xdp_md *ctx)
 	}
 	switch (ret2) {
 	case RL_DROP_SOURCE:
-		return verdict(ctx, cfg, REASON_RATELIMIT, XDP_DROP);
+		return policy_drop(ctx, cfg, &pkt, REASON_RATELIMIT);
 	case RL_DROP_BUDGET:
-		return verdict(ctx, cfg, REASON_BUDGET, XDP_DROP);
+		return policy_drop(ctx, cfg, &pkt, REASON_BUDGET);
 	}
 
 	if (ret == PARSE_MALFORMED) /* malformed L4, passed by policy */

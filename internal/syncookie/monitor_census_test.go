@@ -5,16 +5,41 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/testpkt"
 )
 
 // TestMonitorModeMarksNewConnections: a connection made while monitor mode
-// is on (its SYN and SYN-ACK go to the kernel, past the SYN defence) must
-// keep its pure ACKs and data once monitor mode is turned off, also before
-// the next census pass has seen its socket: the census may not take its
-// unmarked tuple for the listener's.
+// is on (its SYN and SYN-ACK go to the kernel, past the SYN defence, or
+// past a drop that monitor mode turns into a pass) must keep its pure ACKs
+// and data once monitor mode is turned off, also before the next census
+// pass has seen its socket: the census may not take its unmarked tuple for
+// the listener's.
 func TestMonitorModeMarksNewConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before sets up what the SYN meets in monitor mode.
+		before func(t *testing.T, objs *datapath.MoatObjects)
+	}{
+		{"past the SYN defence", nil},
+		{"past a monitor-mode auto-block", func(t *testing.T, objs *datapath.MoatObjects) {
+			// As a limit writes it in monitor mode: in force only while
+			// monitoring (RULE_F_AUTO | RULE_F_MONITOR).
+			v := datapath.MoatPrefixRule{Prefixlen: 32, Flags: 2 | 4}
+			if err := objs.DenyV4Hosts.Put(datapath.MoatHostV4{Addr: client4.As4()}, v); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { monitorModeMarks(t, tc.before) })
+	}
+}
+
+func monitorModeMarks(t *testing.T, before func(t *testing.T, objs *datapath.MoatObjects)) {
 	objs := setup(t)
+	if before != nil {
+		before(t, objs)
+	}
 	setMonitor := func(on bool) { t.Helper(); setMonitorMode(t, objs, on) }
 	const cport = 41000
 	client := netip.AddrPortFrom(client4, cport)
