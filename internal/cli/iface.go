@@ -107,24 +107,34 @@ func newDetachCmd(g *globals) *cobra.Command {
 					return usagef("moat is not attached to %s", name)
 				}
 			}
+			// The whole change first, then what was done: output to a
+			// reader that has gone (`| head`) ends the process at its
+			// first write, which must not leave the change half made.
+			var detached, warnings []string
 			for _, name := range ifaces {
-				warning, err := shield.FollowUp(s.Detach(name))
-				if err != nil {
-					return err
-				}
-				if warning != "" {
-					fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s\n", warning)
+				var warning string
+				if warning, err = shield.FollowUp(s.Detach(name)); err != nil {
+					break
 				}
 				delete(attached, name)
+				detached = append(detached, name)
+				warnings = append(warnings, warning)
+			}
+			removed := false
+			if err == nil && len(attached) == 0 && !keepRules {
+				err = s.Remove()
+				removed = err == nil
+			}
+			for i, name := range detached {
+				if warnings[i] != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s\n", warnings[i])
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "detached from %s\n", name)
 			}
-			if len(attached) == 0 && !keepRules {
-				if err := s.Remove(); err != nil {
-					return err
-				}
+			if removed {
 				fmt.Fprintf(cmd.OutOrStdout(), "removed rules and pins under %s\n", s.Root())
 			}
-			return nil
+			return err
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "detach from every interface")

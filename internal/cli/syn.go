@@ -176,13 +176,23 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
+			// Every port first, then what was done: output to a reader
+			// that has gone (`| head`) ends the process at its first
+			// write, which must not leave the change half made.
+			unprotected := map[uint16]bool{}
 			for _, p := range ports {
 				if m == syncookie.ModeOff && !table.Protected(p) {
-					fmt.Fprintf(cmd.ErrOrStderr(), "note: tcp/%d was not protected\n", p)
+					unprotected[p] = true
 					continue
 				}
 				if err := table.Protect(p, m, threshold); err != nil {
 					return err
+				}
+			}
+			for _, p := range ports {
+				if unprotected[p] {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: tcp/%d was not protected\n", p)
+					continue
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "tcp/%d: %s\n", p, m)
 				if m == syncookie.ModeAuto {
