@@ -119,6 +119,8 @@ func TestBadInput(t *testing.T) {
 		{"comment with a control character", []string{"block", "--comment", "\x1b[31mred", "100.64.0.0/10"}, "control character U+001B"},
 		{"policy given twice", []string{"policy", "fragments", "drop", "fragments", "pass"}, "policy fragments given twice"},
 		{"syn protect a port twice", []string{"syn", "protect", "tcp/443", "tcp/80", "tcp/443"}, "tcp/443 given twice"},
+		{"top -n 0", []string{"top", "-n", "0"}, "invalid -n 0: want at least 1 source"},
+		{"top negative count", []string{"top", "--count", "-1"}, "invalid --count -1"},
 		{"syn rotate period too long", []string{"syn", "rotate", "--every", "1500000h"}, "out of range"},
 		{"syn rotate period too short", []string{"syn", "rotate", "--every", "500ms"}, "out of range"},
 		{"detach --all with nothing attached", []string{"detach", "--all"}, "--remove-rules removes them"},

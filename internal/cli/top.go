@@ -79,8 +79,11 @@ func newTopCmd(g *globals) *cobra.Command {
 			if by != "packets" && by != "bytes" {
 				return usagef("invalid --by %q: want packets or bytes", by)
 			}
-			if n < 1 || count < 0 {
-				return usagef("invalid -n or --count")
+			if n < 1 {
+				return usagef("invalid -n %d: want at least 1 source", n)
+			}
+			if count < 0 {
+				return usagef("invalid --count %d: want 0 (run until interrupted) or more intervals", count)
 			}
 			out := cmd.OutOrStdout()
 			tty := !asJSON && writerIsTerminal(out)
