@@ -727,6 +727,23 @@ static __always_inline void rl_choose(struct xdp_md *ctx, struct packet *p,
 	}
 }
 
+/* Counts a packet in a limit's counters: passed, or over the limit and
+ * dropped, or in monitor mode monitored, as verdict() will count it. The
+ * mode is looked up only for a packet over the limit. */
+static __always_inline void rl_count(struct rl_rule_stats *st, int over, __u32 len)
+{
+	if (!over) {
+		st->passed++;
+		st->passed_bytes += len;
+	} else if (monitoring()) {
+		st->monitored++;
+		st->monitored_bytes += len;
+	} else {
+		st->dropped++;
+		st->dropped_bytes += len;
+	}
+}
+
 /* The rate-limit stage: returns RL_PASS or why the packet is dropped. With
  * port_dropped set (a port rule drops the packet) no limit is charged: the
  * packet is only counted in the attack shape and, as dropped, among the
@@ -774,13 +791,7 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p, int
 		st = bpf_map_lookup_elem(&rl_stats, &src);
 		if (st) {
 			res = rl_source(p, src, src_r, set, packet_now(p), len, st);
-			if (res == RL_PASS) {
-				st->passed++;
-				st->passed_bytes += len;
-			} else {
-				st->dropped++;
-				st->dropped_bytes += len;
-			}
+			rl_count(st, res != RL_PASS, len);
 		}
 	}
 	if (res == RL_PASS && bud_r) {
@@ -789,14 +800,9 @@ __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p, int
 		if (st) {
 			struct rl_bucket *b = bpf_map_lookup_elem(&rl_budgets, &idx);
 
-			if (b && !rl_conform(b, bud_r, packet_now(p), len)) {
+			if (b && !rl_conform(b, bud_r, packet_now(p), len))
 				res = RL_DROP_BUDGET;
-				st->dropped++;
-				st->dropped_bytes += len;
-			} else {
-				st->passed++;
-				st->passed_bytes += len;
-			}
+			rl_count(st, res != RL_PASS, len);
 		}
 	}
 

@@ -157,7 +157,9 @@ struct rl_src_state {
 	__u64 created_ns;
 };
 
-/* Per CPU and per rule. */
+/* Per CPU and per rule. Fields are only ever added at the end: the
+ * control plane carries the counters of an older, shorter value over
+ * (carryRuleStats in internal/shield) and reads a missing field as 0. */
 struct rl_rule_stats {
 	__u64 passed;
 	__u64 passed_bytes;
@@ -167,6 +169,10 @@ struct rl_rule_stats {
 	__u64 tracked;   /* buckets created */
 	__u64 blocks;    /* denylist entries created */
 	__u64 block_errors; /* an auto-block that could not be written */
+	/* Over the limit but passed, in monitor mode: what enforcing would
+	 * have counted as dropped. */
+	__u64 monitored;
+	__u64 monitored_bytes;
 };
 
 /* Sampled counts of one source; multiply by the sampling interval. */

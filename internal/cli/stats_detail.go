@@ -71,7 +71,12 @@ func printDetail(g *globals, w io.Writer, asJSON bool) error {
 	section(fmt.Sprintf("destination (top %d)", detailPorts), d.Shape.Ports)
 	fmt.Fprintf(tw, "limits\t\t\n")
 	for _, l := range d.Limits {
-		fmt.Fprintf(tw, "  %s\tpassed %d\tdropped %d\tblocks %d\n", l.Limit, l.Stats.Passed, l.Stats.Dropped, l.Stats.Blocks)
+		fmt.Fprintf(tw, "  %s\tpassed %d\tdropped %d\tblocks %d", l.Limit, l.Stats.Passed, l.Stats.Dropped, l.Stats.Blocks)
+		if l.Stats.Monitored > 0 {
+			// Passed in monitor mode; the limit would have dropped them.
+			fmt.Fprintf(tw, "\tmonitored %d", l.Stats.Monitored)
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

@@ -264,15 +264,17 @@ const (
 )
 
 type MoatRlRuleStats struct {
-	_            structs.HostLayout
-	Passed       uint64
-	PassedBytes  uint64
-	Dropped      uint64
-	DroppedBytes uint64
-	Untracked    uint64
-	Tracked      uint64
-	Blocks       uint64
-	BlockErrors  uint64
+	_              structs.HostLayout
+	Passed         uint64
+	PassedBytes    uint64
+	Dropped        uint64
+	DroppedBytes   uint64
+	Untracked      uint64
+	Tracked        uint64
+	Blocks         uint64
+	BlockErrors    uint64
+	Monitored      uint64
+	MonitoredBytes uint64
 }
 
 type MoatRlSlot struct {

@@ -162,8 +162,9 @@ var (
 		"Unix time of the last SYN cookie key rotation; 0 if none. Keys rotate every minute while the daemon runs.")
 
 	rlPacketsDesc = desc("moat_ratelimit_packets_total",
-		"Packets a rate limit (kind source: per source; budget: one bucket for the whole scope) let through or dropped, "+
-			"by the limit's scope as the CLI writes it (all, udp, tcp/80, tcp+syn, ...). Drops per interface are "+
+		"Packets a rate limit (kind source: per source; budget: one bucket for the whole scope) let through (pass), "+
+			"dropped (drop), or found over the limit and let through in monitor mode (monitored), by the limit's scope "+
+			"as the CLI writes it (all, udp, tcp/80, tcp+syn, ...). Drops and monitored packets per interface are "+
 			"moat_packets_total{reason=\"ratelimit\"|\"budget\"}.",
 		"kind", "scope", "verdict")
 	rlBytesDesc = desc("moat_ratelimit_bytes_total",
@@ -546,8 +547,10 @@ func (c *Collector) collectRateLimits(p *pinned, ch chan<- prometheus.Metric) er
 		kind, scope := l.Kind.String(), l.Scope.String()
 		ch <- counter(rlPacketsDesc, float64(l.Stats.Passed), kind, scope, "pass")
 		ch <- counter(rlPacketsDesc, float64(l.Stats.Dropped), kind, scope, "drop")
+		ch <- counter(rlPacketsDesc, float64(l.Stats.Monitored), kind, scope, "monitored")
 		ch <- counter(rlBytesDesc, float64(l.Stats.PassedBytes), kind, scope, "pass")
 		ch <- counter(rlBytesDesc, float64(l.Stats.DroppedBytes), kind, scope, "drop")
+		ch <- counter(rlBytesDesc, float64(l.Stats.MonitoredBytes), kind, scope, "monitored")
 		if l.Kind == ratelimit.Source {
 			ch <- counter(rlUntrackedDesc, float64(l.Stats.Untracked), kind, scope)
 			ch <- counter(rlTrackedDesc, float64(l.Stats.Tracked), kind, scope)

@@ -365,16 +365,33 @@ func TestScrape(t *testing.T) {
 	t.Run("top entries", func(t *testing.T) { testTopEntries(t, s) })
 	t.Run("top sources", func(t *testing.T) { testTopSources(t, s) })
 	t.Run("lint", func(t *testing.T) { testLint(t, s) })
-	t.Run("monitor mode", func(t *testing.T) { testMonitorMode(t, s) })
+	t.Run("monitor mode", func(t *testing.T) { testMonitorMode(t, s, iface, fs) })
 }
 
-// testMonitorMode: moat_monitor_mode follows the policy.
-func testMonitorMode(t *testing.T, s *shield.Shield) {
+// testMonitorMode: moat_monitor_mode follows the policy, and the frames
+// over the budget that monitor mode passes count as verdict monitored of
+// the budget, not as its drops.
+func testMonitorMode(t *testing.T, s *shield.Shield, iface string, fs []sent) {
 	srv := httptest.NewServer(metrics.Handler(metrics.Config{Root: s.Root()}))
 	defer srv.Close()
 	set, err := s.Settings()
 	if err != nil {
 		t.Fatal(err)
+	}
+	var over sent
+	for _, f := range fs {
+		if f.name == "over budget" {
+			over = f
+		}
+	}
+	prog, err := ebpf.LoadPinnedProgram(filepath.Join(s.Root(), "ifaces", iface, "prog"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	budget := func(got series, verdict string) (pkts, nbytes float64) {
+		labels := []string{"kind", "budget", "scope", fmt.Sprintf("udp/%d", budgetPort), "verdict", verdict}
+		return got.get(t, "moat_ratelimit_packets_total", counterT, labels...), got.get(t, "moat_ratelimit_bytes_total", counterT, labels...)
 	}
 	for _, on := range []bool{true, false} {
 		set.Monitor = on
@@ -385,7 +402,36 @@ func testMonitorMode(t *testing.T, s *shield.Shield) {
 		if on {
 			want = 1
 		}
-		series(scrape(t, srv.URL)).eq(t, "moat_monitor_mode", gaugeT, want)
+		before := series(scrape(t, srv.URL))
+		before.eq(t, "moat_monitor_mode", gaugeT, want)
+		if !on {
+			continue
+		}
+		// 1 packet per second, burst 1: one of these may find a token.
+		const n = 4
+		for range n {
+			ret, err := prog.Run(&ebpf.RunOptions{Data: over.frame})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ret != 2 {
+				t.Errorf("over budget in monitor mode: verdict %d, want XDP_PASS", ret)
+			}
+		}
+		after := series(scrape(t, srv.URL))
+		var delta [3][2]float64
+		for i, v := range []string{"pass", "drop", "monitored"} {
+			p0, b0 := budget(before, v)
+			p1, b1 := budget(after, v)
+			delta[i] = [2]float64{p1 - p0, b1 - b0}
+		}
+		pass, drop, mon := delta[0], delta[1], delta[2]
+		if drop != [2]float64{} {
+			t.Errorf("budget drops grew by %v packets, %v bytes in monitor mode", drop[0], drop[1])
+		}
+		if pass[0]+mon[0] != n || mon[0] < n-1 || mon[1] != mon[0]*float64(len(over.frame)) {
+			t.Errorf("budget passed %v and monitored %v packets (%v bytes) of %d frames of %d bytes", pass[0], mon[0], mon[1], n, len(over.frame))
+		}
 	}
 }
 
@@ -456,7 +502,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 	for _, v := range []struct {
 		verdict      string
 		pkts, nbytes uint64
-	}{{"pass", bs.Passed, bs.PassedBytes}, {"drop", bs.Dropped, bs.DroppedBytes}} {
+	}{{"pass", bs.Passed, bs.PassedBytes}, {"drop", bs.Dropped, bs.DroppedBytes}, {"monitored", 0, 0}} {
 		got.eq(t, "moat_ratelimit_packets_total", counterT, float64(v.pkts), "kind", "budget", "scope", "udp/7777", "verdict", v.verdict)
 		got.eq(t, "moat_ratelimit_bytes_total", counterT, float64(v.nbytes), "kind", "budget", "scope", "udp/7777", "verdict", v.verdict)
 	}

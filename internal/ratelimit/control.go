@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -22,6 +23,10 @@ type RuleStats struct {
 	PassedBytes  uint64 `json:"passed_bytes"`
 	Dropped      uint64 `json:"dropped"`
 	DroppedBytes uint64 `json:"dropped_bytes"`
+	// Over the limit but passed, in monitor mode: what enforcing would
+	// have dropped. Named as moat stats names them.
+	Monitored      uint64 `json:"monitored"`
+	MonitoredBytes uint64 `json:"monitored_bytes"`
 	// Source limits: packets passed before their source had a bucket,
 	// buckets created, and denylist entries written (and failed).
 	Untracked   uint64 `json:"untracked,omitempty"`
@@ -70,17 +75,30 @@ func (m Maps) Limits() ([]Status, error) {
 	return out, nil
 }
 
+// ruleStats reads a limit's counters. The values are read as bytes: a map
+// pinned by an older moat has shorter ones, without the fields added at
+// their end since, which read as 0. shield.Open replaces such a map, but
+// the metrics read the pins as they find them.
 func (m Maps) ruleStats(id uint16) (RuleStats, error) {
-	var per []datapath.MoatRlRuleStats
+	var per [][]byte
 	if err := m.Stats.Lookup(uint32(id), &per); err != nil {
 		return RuleStats{}, fmt.Errorf("read rate limit counters: %w", err)
 	}
 	var s RuleStats
-	for _, v := range per {
+	full := make([]byte, binary.Size(datapath.MoatRlRuleStats{}))
+	for _, b := range per {
+		clear(full)
+		copy(full, b)
+		var v datapath.MoatRlRuleStats
+		if _, err := binary.Decode(full, binary.NativeEndian, &v); err != nil {
+			return RuleStats{}, fmt.Errorf("read rate limit counters: %w", err)
+		}
 		s.Passed += v.Passed
 		s.PassedBytes += v.PassedBytes
 		s.Dropped += v.Dropped
 		s.DroppedBytes += v.DroppedBytes
+		s.Monitored += v.Monitored
+		s.MonitoredBytes += v.MonitoredBytes
 		s.Untracked += v.Untracked
 		s.Tracked += v.Tracked
 		s.Blocks += v.Blocks

@@ -223,11 +223,7 @@ func (f *filter) send(pkt []byte, n int) (passed int) {
 	var err error
 	f.in(func() {
 		for range n {
-			opts := &ebpf.RunOptions{Data: pkt}
-			if f.ifindex != 0 {
-				opts.Context = xdpMD{DataEnd: uint32(len(pkt)), IngressIfindex: uint32(f.ifindex)}
-			}
-			if _, err = f.prog.Run(opts); err != nil {
+			if _, err = f.prog.Run(f.runOptions(pkt)); err != nil {
 				return
 			}
 		}
@@ -240,6 +236,15 @@ func (f *filter) send(pkt []byte, n int) (passed int) {
 		f.tb.Fatalf("%d packets counted for %d runs", ran, n)
 	}
 	return int(after[0] - before[0])
+}
+
+// runOptions runs pkt as if it came in where the filter's packets run.
+func (f *filter) runOptions(pkt []byte) *ebpf.RunOptions {
+	opts := &ebpf.RunOptions{Data: pkt}
+	if f.ifindex != 0 {
+		opts.Context = xdpMD{DataEnd: uint32(len(pkt)), IngressIfindex: uint32(f.ifindex)}
+	}
+	return opts
 }
 
 // verdicts returns the packets passed, dropped and monitored (passed in

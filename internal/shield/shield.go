@@ -273,6 +273,7 @@ func (s *Shield) openMaps() error {
 var resizable = map[string]func(s *Shield, old, cur *ebpf.Map) error{
 	datapath.MoatMapSynCounters: carrySynCounters,
 	datapath.MoatMapSettings:    carrySettings,
+	datapath.MoatMapRlStats:     carryRuleStats,
 }
 
 // replaceMap creates name anew, lets migrate fill it from old, and pins it
@@ -351,6 +352,42 @@ func carrySettings(s *Shield, old, cur *ebpf.Map) error {
 	out := make([]byte, cur.ValueSize())
 	copy(out, in)
 	return cur.Update(uint32(0), out, ebpf.UpdateAny)
+}
+
+// carryRuleStats copies every rate limit's counters (per CPU, by rule id)
+// of a moat whose struct rl_rule_stats was shorter: fields are only added
+// at its end, so the old ones lead the new value and those it lacked (the
+// monitored counts) start at zero. An older filter counted the packets
+// monitor mode passed as drops; those stay drops.
+func carryRuleStats(s *Shield, old, cur *ebpf.Map) error {
+	n := int(unsafe.Offsetof(datapath.MoatRlRuleStats{}.Monitored))
+	if int(old.ValueSize()) < n || old.ValueSize() > cur.ValueSize() {
+		return fmt.Errorf("values of %d bytes are not an older layout of this version's %d (counters in the first %d)", old.ValueSize(), cur.ValueSize(), n)
+	}
+	var in [][]byte
+	for id := uint32(0); id < old.MaxEntries(); id++ {
+		if err := old.Lookup(id, &in); err != nil {
+			return err
+		}
+		out := make([][]byte, len(in))
+		for cpu, v := range in {
+			out[cpu] = make([]byte, cur.ValueSize())
+			copy(out[cpu], v)
+		}
+		if err := cur.Update(id, out, ebpf.UpdateAny); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LimitCountersOlderFilter names an interface whose filter counts its
+// rate limits' packets in the counters map this one replaced (an older
+// moat's, whose values were shorter: see carryRuleStats), or "" if none
+// does: the counters read now miss its packets until `moat attach`
+// replaces it.
+func (s *Shield) LimitCountersOlderFilter() (string, error) {
+	return s.filterWithout(datapath.MoatMapRlStats)
 }
 
 // addMap creates one shared map and pins it at path.

@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/ratelimit"
 	"github.com/moat-shield/moat/internal/rules"
 	"github.com/moat-shield/moat/internal/shield"
 	"github.com/moat-shield/moat/internal/syncookie"
@@ -626,4 +627,117 @@ func TestSettingsOlderFilterNamed(t *testing.T) {
 	if name, err := s.SettingsOlderFilter(); err != nil || name != "" {
 		t.Errorf("SettingsOlderFilter %q, %v after the attach", name, err)
 	}
+}
+
+// TestOpenCarriesOlderRuleStats: an older moat pinned the rate limits'
+// counters without the monitored fields (64-byte values). Open replaces
+// the map with one of this version's shape and carries every limit's
+// counters over, monitored at zero; a filter still attached from before
+// counts in the old map, which LimitCountersOlderFilter names until attach
+// replaces it.
+func TestOpenCarriesOlderRuleStats(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	rl, err := ratelimit.NewMaps(s.Map)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := ratelimit.ParseScope("udp/53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: sc, PPS: 10}, false); err != nil {
+		t.Fatal(err)
+	}
+	const oldSize = 64
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: oldSize,
+		MaxEntries: s.Map(datapath.MoatMapRlStats).MaxEntries()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	vals := make([][]byte, ebpf.MustPossibleCPU())
+	for cpu := range vals {
+		vals[cpu] = make([]byte, oldSize)
+		// passed, passed_bytes, dropped, dropped_bytes, untracked,
+		// tracked, blocks, block_errors
+		for i, n := range []uint64{3, 300, 5, 500, 0, 0, 0, 0} {
+			binary.NativeEndian.PutUint64(vals[cpu][8*i:], n)
+		}
+	}
+	if err := older.Update(uint32(1), vals, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	pinInstead(t, root, datapath.MoatMapRlStats, older)
+	s.Close()
+
+	n := uint64(ebpf.MustPossibleCPU())
+	want := ratelimit.RuleStats{Passed: 3 * n, PassedBytes: 300 * n, Dropped: 5 * n, DroppedBytes: 500 * n}
+	for round := 0; round < 2; round++ { // the second Open finds nothing to do
+		s, err = shield.Open(root)
+		if err != nil {
+			t.Fatalf("round %d: open over 64-byte rate limit counters: %v", round, err)
+		}
+		if want := uint32(binary.Size(datapath.MoatRlRuleStats{})); s.Map(datapath.MoatMapRlStats).ValueSize() != want {
+			t.Errorf("round %d: rl_stats values of %d bytes, want %d", round, s.Map(datapath.MoatMapRlStats).ValueSize(), want)
+		}
+		rl, err := ratelimit.NewMaps(s.Map)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := rl.Limits()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ls) != 1 || ls[0].Stats != want {
+			t.Errorf("round %d: limits %+v, want one with the old counters %+v", round, ls, want)
+		}
+		if name, err := s.LimitCountersOlderFilter(); err != nil || name != a {
+			t.Errorf("round %d: LimitCountersOlderFilter %q, %v; want %s, which still counts in the old map", round, name, err, a)
+		}
+		s.Close()
+	}
+	s, err = shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
+		t.Fatal(err)
+	}
+	if name, err := s.LimitCountersOlderFilter(); err != nil || name != "" {
+		t.Errorf("LimitCountersOlderFilter %q, %v after the attach", name, err)
+	}
+}
+
+// TestOpenRefusesRuleStatsItCannotCarry: pinned rl_stats values too short
+// to hold the counters every version had are not an older layout; Open
+// says so and leaves the map pinned.
+func TestOpenRefusesRuleStatsItCannotCarry(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16,
+		MaxEntries: s.Map(datapath.MoatMapRlStats).MaxEntries()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	info, err := older.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	pin := pinInstead(t, root, datapath.MoatMapRlStats, older)
+	s.Close()
+	if s, err := shield.Open(root); err == nil {
+		s.Close()
+		t.Fatal("open with rl_stats values of 16 bytes succeeded")
+	} else if !strings.Contains(err.Error(), datapath.MoatMapRlStats) {
+		t.Errorf("error %q does not name the map", err)
+	}
+	wantPinnedMap(t, pin, id)
 }
