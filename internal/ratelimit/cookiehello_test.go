@@ -139,11 +139,7 @@ func TestTLSHelloOnKernelCookieACK(t *testing.T) {
 			sport := uint16(41000 + i)
 			frame := func(tcp testpkt.TCP) []byte {
 				tcp.SrcPort, tcp.DstPort = sport, port
-				var n testpkt.Network = testpkt.IPv4{Src: c.src, Dst: c.dst}
-				if c.src.Is6() {
-					n = testpkt.IPv6{Src: c.src, Dst: c.dst}
-				}
-				return testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC, Net: n, L4: tcp}.Bytes()
+				return testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC, Net: testpkt.Net(c.src, c.dst), L4: tcp}.Bytes()
 			}
 			send := l.Attacker.RawSender(t)
 			catch := l.Attacker.SynAckCatcher(t)

@@ -394,7 +394,7 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 // replacement is left beside it.
 func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
 	const tooSmall = 16
-	root, pin, olderID := pinOlderSynCounters(t, tooSmall)
+	root, pin, olderID := pinOlderMap(t, datapath.MoatMapSynCounters, tooSmall)
 
 	if s, err := shield.Open(root); err == nil {
 		s.Close()
@@ -408,16 +408,16 @@ func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
 	}
 }
 
-// pinOlderSynCounters makes fresh state whose syn_counters is a map of an
+// pinOlderMap makes fresh state whose per-CPU array name is a map of an
 // older shape, with values of valueSize bytes, as an older moat would have
 // pinned it; the map stays pinned (and alive) after the test's handle is
 // closed. It returns the state's root, the pin's path and the map's id.
-func pinOlderSynCounters(t *testing.T, valueSize uint32) (root, pin string, id ebpf.MapID) {
+func pinOlderMap(t *testing.T, name string, valueSize uint32) (root, pin string, id ebpf.MapID) {
 	t.Helper()
 	s := openFresh(t)
 	defer s.Close()
 	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: valueSize,
-		MaxEntries: s.Map(datapath.MoatMapSynCounters).MaxEntries()})
+		MaxEntries: s.Map(name).MaxEntries()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ func pinOlderSynCounters(t *testing.T, valueSize uint32) (root, pin string, id e
 		t.Fatal(err)
 	}
 	id, _ = info.ID()
-	return s.Root(), pinInstead(t, s.Root(), datapath.MoatMapSynCounters, older), id
+	return s.Root(), pinInstead(t, s.Root(), name, older), id
 }
 
 // wantPinnedMap checks that the map pinned at pin is the map id.
@@ -467,7 +467,7 @@ func pinInstead(t *testing.T, root, name string, m *ebpf.Map) string {
 // once the way is clear, takes it over.
 func TestOpenKeepsSynCountersWhenTheNewPinFails(t *testing.T) {
 	const oldSize = 200 // counters first: a size Open can carry over
-	root, pin, olderID := pinOlderSynCounters(t, oldSize)
+	root, pin, olderID := pinOlderMap(t, datapath.MoatMapSynCounters, oldSize)
 
 	blocker := pin + "-new"
 	if err := os.MkdirAll(filepath.Join(blocker, "busy"), 0o700); err != nil {
@@ -718,21 +718,7 @@ func TestOpenCarriesOlderRuleStats(t *testing.T) {
 // to hold the counters every version had are not an older layout; Open
 // says so and leaves the map pinned.
 func TestOpenRefusesRuleStatsItCannotCarry(t *testing.T) {
-	s := openFresh(t)
-	root := s.Root()
-	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16,
-		MaxEntries: s.Map(datapath.MoatMapRlStats).MaxEntries()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer older.Close()
-	info, err := older.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, _ := info.ID()
-	pin := pinInstead(t, root, datapath.MoatMapRlStats, older)
-	s.Close()
+	root, pin, id := pinOlderMap(t, datapath.MoatMapRlStats, 16)
 	if s, err := shield.Open(root); err == nil {
 		s.Close()
 		t.Fatal("open with rl_stats values of 16 bytes succeeded")

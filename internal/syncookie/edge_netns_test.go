@@ -379,11 +379,7 @@ func TestKernelCookieACKs(t *testing.T) {
 			port := uint16(42000 + i)
 			frame := func(tcp testpkt.TCP) []byte {
 				tcp.SrcPort, tcp.DstPort = port, labPort
-				var n testpkt.Network = testpkt.IPv4{Src: tc.src, Dst: tc.dst}
-				if tc.src.Is6() {
-					n = testpkt.IPv6{Src: tc.src, Dst: tc.dst}
-				}
-				return testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC, Net: n, L4: tcp}.Bytes()
+				return testpkt.Frame{SrcMAC: ifc.MAC, DstMAC: ifc.PeerMAC, Net: testpkt.Net(tc.src, tc.dst), L4: tcp}.Bytes()
 			}
 			if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, labPort, ModeNever, 0); err != nil {
 				t.Fatal(err)

@@ -155,11 +155,7 @@ func TestAcceptorTakesPagedPackets(t *testing.T) {
 					port := uint16(clientPort + i)
 					frame := func(tcp testpkt.TCP) []byte {
 						tcp.SrcPort, tcp.DstPort = port, protectedPort
-						var n testpkt.Network = testpkt.IPv4{Src: fam.client, Dst: fam.server}
-						if fam.client.Is6() {
-							n = testpkt.IPv6{Src: fam.client, Dst: fam.server}
-						}
-						return testpkt.Frame{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 0x10}, DstMAC: tap.Attrs().HardwareAddr, Net: n, L4: tcp}.Bytes()
+						return testpkt.Frame{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 0x10}, DstMAC: tap.Attrs().HardwareAddr, Net: testpkt.Net(fam.client, fam.server), L4: tcp}.Bytes()
 					}
 					before := portStatus(t, objs, protectedPort)
 					// moat's SYN-ACK, from the XDP program.

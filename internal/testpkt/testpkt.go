@@ -231,10 +231,15 @@ func UDPv6(src, dst netip.Addr, u UDP) []byte {
 
 // IP returns a frame carrying l4 over IPv4 or IPv6, whichever src is.
 func IP(src, dst netip.Addr, l4 Transport) []byte {
+	return Frame{Net: Net(src, dst), L4: l4}.Bytes()
+}
+
+// Net is a plain IPv4 or IPv6 header from src to dst, whichever src is.
+func Net(src, dst netip.Addr) Network {
 	if src.Is4() {
-		return Frame{Net: IPv4{Src: src, Dst: dst}, L4: l4}.Bytes()
+		return IPv4{Src: src, Dst: dst}
 	}
-	return Frame{Net: IPv6{Src: src, Dst: dst}, L4: l4}.Bytes()
+	return IPv6{Src: src, Dst: dst}
 }
 
 // Bytes serialises the frame and panics on error: frames in tests are
