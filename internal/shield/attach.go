@@ -385,8 +385,21 @@ func (s *Shield) detach(name string) error {
 		return userErrorf("moat is not attached to %s", name)
 	}
 	// Removing the pins drops the last references to the links, which
-	// detaches the programs.
-	return os.RemoveAll(dir)
+	// detaches the programs; but the kernel frees a link whose last
+	// reference was its pin later, from a work queue, and on a busy host
+	// the programs stayed on the interface a while after detach returned.
+	// Held across the removal, each link is freed when it is closed here.
+	var held []link.Link
+	for _, pin := range []string{"link", "tc-link"} {
+		if l, err := link.LoadPinnedLink(filepath.Join(dir, pin), nil); err == nil {
+			held = append(held, l)
+		}
+	}
+	err := os.RemoveAll(dir)
+	for _, l := range held {
+		l.Close()
+	}
+	return err
 }
 
 // IsPinned tells whether moat has pins for the interface name.
