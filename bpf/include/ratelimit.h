@@ -613,8 +613,12 @@ static __always_inline int hh_sampled(__u32 log2)
 	return 1;
 }
 
+/* What became of a sample, in hh_count's argument and in a gate slot's
+ * low bits beside its length: a limit, budget or port rule dropped it, or
+ * would have and monitor mode passed it; neither if it passed. */
 #define HH_GATE_DROPPED (1U << 31)
-#define HH_GATE_LEN_MASK (HH_GATE_DROPPED - 1)
+#define HH_GATE_MONITORED (1U << 30)
+#define HH_GATE_LEN_MASK (HH_GATE_MONITORED - 1)
 
 /* A source's slot in hh_gate and its fingerprint there: a 64-bit
  * finalizer (MurmurHash3's constants) over the key folded with hh_seed. A
@@ -640,15 +644,16 @@ static __always_inline __u64 *hh_gate_slot(const struct rl_src_key *key, __u32 *
 }
 
 /* Takes the sample the gate holds for tag, if any: its frame length and
- * drop. A compare-and-swap, so two CPUs never both count it. */
-static __always_inline int hh_gate_take(__u64 *slot, __u32 tag, __u32 *len, int *dropped)
+ * what became of it (HH_GATE_DROPPED, HH_GATE_MONITORED). A
+ * compare-and-swap, so two CPUs never both count it. */
+static __always_inline int hh_gate_take(__u64 *slot, __u32 tag, __u32 *len, __u32 *fate)
 {
 	__u64 seen = *(volatile __u64 *)slot;
 
 	if (!seen || (__u32)(seen >> 32) != tag || __sync_val_compare_and_swap(slot, seen, 0) != seen)
 		return 0;
 	*len = (__u32)seen & HH_GATE_LEN_MASK;
-	*dropped = !!((__u32)seen & HH_GATE_DROPPED);
+	*fate = (__u32)seen & (HH_GATE_DROPPED | HH_GATE_MONITORED);
 	return 1;
 }
 
@@ -661,27 +666,27 @@ static __always_inline int hh_gate_take(__u64 *slot, __u32 tag, __u32 *len, int 
  * samples a second, 8 times a second): a source gets in when it is
  * sampled again before that, and a first sample overwritten is not
  * counted. A source in the map takes its sample back from the gate too, if
- * one is there (left by another CPU before the entry was made). */
-static __always_inline void hh_count(const struct packet *p, __u32 len, int dropped, __u64 now)
+ * one is there (left by another CPU before the entry was made). fate says
+ * what became of the packet: HH_GATE_DROPPED, HH_GATE_MONITORED or 0. */
+static __always_inline void hh_count(const struct packet *p, __u32 len, __u32 fate, __u64 now)
 {
 	struct rl_src_key key = {};
 	struct hh_counts *c;
-	__u32 tag = 0, first_len = 0;
-	int first_dropped = 0, first = 0;
+	__u32 tag = 0, first_len = 0, first_fate = 0;
+	int first = 0, n;
 	__u64 *slot;
 
 	rl_key_of(p, &key, HH_V6_PREFIX);
 	slot = hh_gate_slot(&key, &tag);
 	if (slot)
-		first = hh_gate_take(slot, tag, &first_len, &first_dropped);
+		first = hh_gate_take(slot, tag, &first_len, &first_fate);
 	c = bpf_map_lookup_elem(&hh_sources, &key);
 	if (!c) {
 		struct hh_counts zero = {};
 
 		if (!first) {
 			if (slot)
-				*slot = (__u64)tag << 32 | (dropped ? HH_GATE_DROPPED : 0) |
-					(len & HH_GATE_LEN_MASK);
+				*slot = (__u64)tag << 32 | fate | (len & HH_GATE_LEN_MASK);
 			return;
 		}
 		bpf_map_update_elem(&hh_sources, &key, &zero, BPF_NOEXIST);
@@ -691,8 +696,12 @@ static __always_inline void hh_count(const struct packet *p, __u32 len, int drop
 	}
 	__sync_fetch_and_add(&c->packets, 1 + first);
 	__sync_fetch_and_add(&c->bytes, len + first_len);
-	if (dropped || first_dropped)
-		__sync_fetch_and_add(&c->dropped, (dropped ? 1 : 0) + first_dropped);
+	n = !!(fate & HH_GATE_DROPPED) + !!(first_fate & HH_GATE_DROPPED);
+	if (n)
+		__sync_fetch_and_add(&c->dropped, n);
+	n = !!(fate & HH_GATE_MONITORED) + !!(first_fate & HH_GATE_MONITORED);
+	if (n)
+		__sync_fetch_and_add(&c->monitored, n);
 	c->last_ns = now;
 }
 
@@ -746,10 +755,10 @@ static __always_inline void rl_count(struct rl_rule_stats *st, int over, __u32 l
 
 /* The rate-limit stage: returns RL_PASS or why the packet is dropped. With
  * port_dropped set (a port rule drops the packet) no limit is charged: the
- * packet is only counted in the attack shape and, as dropped, among the
- * heavy hitters, so a flood that a port rule stops still shows there. A
- * global function, so the verifier checks it once, apart from the rest of
- * the program. */
+ * packet is only counted in the attack shape and, as dropped (in monitor
+ * mode, monitored), among the heavy hitters, so a flood that a port rule
+ * stops still shows there. A global function, so the verifier checks it
+ * once, apart from the rest of the program. */
 __attribute__((noinline)) int rl_check(struct xdp_md *ctx, struct packet *p, int port_dropped)
 {
 	__u32 len = ctx->data_end - ctx->data;
@@ -814,8 +823,16 @@ observe:
 			shape_count(ctx, p, len);
 		if (log2 > HH_MAX_SAMPLE_LOG2)
 			log2 = HH_MAX_SAMPLE_LOG2;
-		if (!set->hh_off && hh_sampled(log2))
-			hh_count(p, len, res != RL_PASS || port_dropped, packet_now(p));
+		if (!set->hh_off && hh_sampled(log2)) {
+			__u32 fate = 0;
+
+			/* Over a limit or dropped by a port rule: dropped, or
+			 * in monitor mode passed and counted as monitored, as
+			 * verdict() counts it. */
+			if (res != RL_PASS || port_dropped)
+				fate = monitoring() ? HH_GATE_MONITORED : HH_GATE_DROPPED;
+			hh_count(p, len, fate, packet_now(p));
+		}
 	}
 	return res;
 }

@@ -88,11 +88,11 @@ struct {
 
 /* The admission gate of hh_sources (hh_count): per slot, a sampled
  * source's fingerprint in the high 32 bits, and that sample's frame length
- * (bits 0-30) and whether a limit dropped it (bit 31) in the low ones; 0
- * when empty. Shared by the CPUs, so a source whose samples land on
- * different CPUs still meets its fingerprint; one per loaded filter (an
- * interface), not pinned, so a filter that starts afresh starts with an
- * empty gate. */
+ * (bits 0-29), whether a limit dropped it (bit 31) and whether one would
+ * have and monitor mode passed it (bit 30) in the low ones; 0 when empty.
+ * Shared by the CPUs, so a source whose samples land on different CPUs
+ * still meets its fingerprint; one per loaded filter (an interface), not
+ * pinned, so a filter that starts afresh starts with an empty gate. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, HH_GATE_SLOTS);

@@ -175,12 +175,18 @@ struct rl_rule_stats {
 	__u64 monitored_bytes;
 };
 
-/* Sampled counts of one source; multiply by the sampling interval. */
+/* Sampled counts of one source; multiply by the sampling interval. Fields
+ * are only ever added at the end: the control plane carries the entries
+ * of an older, shorter value over (carryHeavyHitters in internal/shield)
+ * and reads a missing field as 0. */
 struct hh_counts {
 	__u64 packets;
 	__u64 bytes;
-	__u64 dropped; /* sampled packets that a limit or budget dropped */
+	__u64 dropped; /* sampled packets that a limit, budget or port rule dropped */
 	__u64 last_ns;
+	/* Sampled packets that one of those would have dropped and monitor
+	 * mode passed: what enforcing would have counted as dropped. */
+	__u64 monitored;
 };
 
 struct shape_port_block {

@@ -24,9 +24,14 @@ type TopRow struct {
 	Source     netip.Prefix `json:"source"`
 	PPS        float64      `json:"pps"`
 	Mbps       float64      `json:"mbps"`
-	DroppedPPS float64      `json:"dropped_pps"` // by a limit, a budget or the denylist
+	DroppedPPS float64      `json:"dropped_pps"` // by a limit, a budget, a port rule or the denylist
+	// What one of those would have dropped and monitor mode passed, as
+	// moat stats counts it as monitored.
+	MonitoredPPS float64 `json:"monitored_pps"`
 	// Verdict is pass, limited (some packets over a limit or budget),
-	// blocked (in the denylist) or auto-blocked (by a limit).
+	// blocked (in the denylist) or auto-blocked (by a limit). Where monitor
+	// mode passed those packets it is would be limited, would be blocked
+	// or would be auto-blocked: what enforcing would do.
 	Verdict string    `json:"verdict"`
 	History []float64 `json:"history"` // pps per interval, oldest first
 }
@@ -36,24 +41,40 @@ type TopReport struct {
 	Time     time.Time `json:"time"`
 	Interval float64   `json:"interval_s"`
 	Sample   uint32    `json:"sample"` // 1 packet in Sample was counted; rates are scaled
-	Sources  []TopRow  `json:"sources"`
+	// Monitor mode was on at the interval's end: what rules would drop
+	// passed.
+	Monitor bool     `json:"monitor"`
+	Sources []TopRow `json:"sources"`
 }
 
 // topSample is one read of the heavy hitters and of their denylist state.
 type topSample struct {
-	at     time.Time
-	sample uint32
-	hh     map[netip.Prefix]ratelimit.HeavyHitter
-	deny   map[netip.Prefix]denyState
+	at      time.Time
+	sample  uint32
+	monitor bool // monitor mode
+	hh      map[netip.Prefix]ratelimit.HeavyHitter
+	deny    map[netip.Prefix]denyState
+	// An interface whose filter samples into a table this version
+	// replaced (shield.HeavyHittersOlderFilter), or "".
+	olderFilter string
 }
 
 type denyState struct {
 	live, auto bool
+	// monitor: an auto-block written in monitor mode, in force only while
+	// moat monitors, whose hits are passed.
+	monitor bool
 	// own: the entry is the source's own (its host, or the row's prefix),
 	// not a shorter prefix that covers it and others.
 	own  bool
 	hits uint64
 }
+
+// Flags of a list entry (struct prefix_rule, RULE_F_*).
+const (
+	ruleFAuto    = 2
+	ruleFMonitor = 4
+)
 
 const historyLen = 30
 
@@ -70,7 +91,9 @@ func newTopCmd(g *globals) *cobra.Command {
 		Long: "Sources are sampled in the data path after the allow and deny lists (see moat limit config " +
 			"--sample); a source blocked since it was sampled is shown with the rate its own denylist entry counts " +
 			"(the address, or the /64 of an IPv6 row), or only as blocked when a shorter prefix covers it. " +
-			"IPv6 sources are shown per /64.",
+			"IPv6 sources are shown per /64. In monitor mode (moat policy monitor on) what a limit, port rule or " +
+			"the denylist would drop passes: it counts under MONITORED PPS, not DROPPED PPS, and the verdict says " +
+			"what enforcing would do (would be limited, would be blocked, would be auto-blocked).",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if interval < 100*time.Millisecond {
@@ -87,14 +110,17 @@ func newTopCmd(g *globals) *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			tty := !asJSON && writerIsTerminal(out)
-			prev, err := readTop(g)
+			prev, err := readTop(g, true)
 			if err != nil {
 				return err
+			}
+			if prev.olderFilter != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "moat: warning: %s runs an older moat's filter, whose sources these rates miss; run `moat attach %s` to load this version's\n", prev.olderFilter, prev.olderFilter)
 			}
 			hist := map[netip.Prefix][]float64{}
 			for i := 0; count == 0 || i < count; i++ {
 				time.Sleep(interval)
-				cur, err := readTop(g)
+				cur, err := readTop(g, false)
 				if err != nil {
 					return err
 				}
@@ -140,8 +166,9 @@ func writeJSONLine(w io.Writer, v any) error {
 }
 
 // readTop opens the state only for the read, so the lock is not held
-// between intervals.
-func readTop(g *globals) (topSample, error) {
+// between intervals. The first read also looks for a filter that samples
+// into a table this version replaced.
+func readTop(g *globals, first bool) (topSample, error) {
 	s, m, err := openLimits(g, true)
 	if err != nil {
 		return topSample{}, err
@@ -151,17 +178,27 @@ func readTop(g *globals) (topSample, error) {
 	if err != nil {
 		return topSample{}, err
 	}
+	set, err := s.Settings()
+	if err != nil {
+		return topSample{}, err
+	}
 	hh, err := m.HeavyHitters()
 	if err != nil {
 		return topSample{}, err
 	}
-	ts := topSample{at: time.Now(), sample: cfg.Sample, hh: map[netip.Prefix]ratelimit.HeavyHitter{}, deny: map[netip.Prefix]denyState{}}
+	ts := topSample{at: time.Now(), sample: cfg.Sample, monitor: set.Monitor, hh: map[netip.Prefix]ratelimit.HeavyHitter{}, deny: map[netip.Prefix]denyState{}}
 	now := bootNanos()
 	for _, h := range hh {
 		ts.hh[h.Source] = h
 		if d, ok := denyOf(s, h.Source, now); ok {
+			// A monitor mode auto-block is in force only while moat
+			// monitors (the data path ignores it otherwise).
+			d.live = d.live && (!d.monitor || set.Monitor)
 			ts.deny[h.Source] = d
 		}
+	}
+	if first {
+		ts.olderFilter, _ = s.HeavyHittersOlderFilter()
 	}
 	return ts, nil
 }
@@ -190,29 +227,38 @@ func denyOf(s *shield.Shield, p netip.Prefix, now uint64) (denyState, bool) {
 	if !found {
 		return denyState{}, false
 	}
-	return denyState{live: v.ExpiresNs == 0 || v.ExpiresNs > now, auto: v.Flags&2 != 0, own: int(v.Prefixlen) == p.Bits(), hits: v.Hits}, true
+	return denyState{live: v.ExpiresNs == 0 || v.ExpiresNs > now, auto: v.Flags&ruleFAuto != 0, monitor: v.Flags&ruleFMonitor != 0,
+		own: int(v.Prefixlen) == p.Bits(), hits: v.Hits}, true
 }
 
 func topReport(prev, cur topSample, hist map[netip.Prefix][]float64, by string, n int) TopReport {
 	dt := cur.at.Sub(prev.at).Seconds()
-	rep := TopReport{Time: cur.at, Interval: dt, Sample: cur.sample}
+	rep := TopReport{Time: cur.at, Interval: dt, Sample: cur.sample, Monitor: cur.monitor}
 	var rows []TopRow
 	for src, h := range cur.hh {
 		p := prev.hh[src] // zero for a source new in this interval
-		if h.Packets < p.Packets || h.Bytes < p.Bytes || h.Dropped < p.Dropped {
+		if h.Packets < p.Packets || h.Bytes < p.Bytes || h.Dropped < p.Dropped || h.Monitored < p.Monitored {
 			p = ratelimit.HeavyHitter{} // evicted and back: counts restarted
 		}
 		r := TopRow{
-			Source:     src,
-			PPS:        float64(h.Packets-p.Packets) / dt,
-			Mbps:       float64(h.Bytes-p.Bytes) * 8 / dt / 1e6,
-			DroppedPPS: float64(h.Dropped-p.Dropped) / dt,
-			Verdict:    "pass",
+			Source:       src,
+			PPS:          float64(h.Packets-p.Packets) / dt,
+			Mbps:         float64(h.Bytes-p.Bytes) * 8 / dt / 1e6,
+			DroppedPPS:   float64(h.Dropped-p.Dropped) / dt,
+			MonitoredPPS: float64(h.Monitored-p.Monitored) / dt,
+			Verdict:      "pass",
 		}
-		if r.DroppedPPS > 0 {
+		switch {
+		case r.DroppedPPS > 0:
 			r.Verdict = "limited"
+		case r.MonitoredPPS > 0:
+			r.Verdict = "would be limited"
 		}
 		if d, ok := cur.deny[src]; ok && d.live {
+			// In monitor mode the entry's hits pass, and a monitor mode
+			// auto-block only ever has such hits. The mode at the end of
+			// the interval stands for the whole of it.
+			passed := d.monitor || cur.monitor
 			// Blocked packets never reach the sampler: their rate is what
 			// the denylist entry counted (exactly, not sampled). Only the
 			// source's own entry: a covering prefix counts every source
@@ -220,11 +266,18 @@ func topReport(prev, cur topSample, hist map[netip.Prefix][]float64, by string, 
 			if pd, ok := prev.deny[src]; ok && d.own && pd.own && d.hits >= pd.hits {
 				blocked := float64(d.hits-pd.hits) / dt
 				r.PPS += blocked
-				r.DroppedPPS += blocked
+				if passed {
+					r.MonitoredPPS += blocked
+				} else {
+					r.DroppedPPS += blocked
+				}
 			}
 			r.Verdict = "blocked"
 			if d.auto {
 				r.Verdict = "auto-blocked"
+			}
+			if passed {
+				r.Verdict = "would be " + r.Verdict
 			}
 		}
 		hs := append(hist[src], r.PPS)
@@ -279,11 +332,15 @@ func sparkline(vs []float64) string {
 }
 
 func printTop(w io.Writer, rep TopReport, by string) error {
-	fmt.Fprintf(w, "moat top  %s  interval %.1fs  sampling 1/%d  by %s\n\n", rep.Time.Format("15:04:05"), rep.Interval, rep.Sample, by)
+	mode := ""
+	if rep.Monitor {
+		mode = "  MONITOR MODE"
+	}
+	fmt.Fprintf(w, "moat top  %s  interval %.1fs  sampling 1/%d  by %s%s\n\n", rep.Time.Format("15:04:05"), rep.Interval, rep.Sample, by, mode)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SOURCE\tPPS\tMBIT/S\tDROPPED PPS\tVERDICT\tHISTORY")
+	fmt.Fprintln(tw, "SOURCE\tPPS\tMBIT/S\tDROPPED PPS\tMONITORED PPS\tVERDICT\tHISTORY")
 	for _, r := range rep.Sources {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.0f\t%s\t%s\n", r.Source, r.PPS, r.Mbps, r.DroppedPPS, r.Verdict, sparkline(r.History))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%.0f\t%.0f\t%s\t%s\n", r.Source, r.PPS, r.Mbps, r.DroppedPPS, r.MonitoredPPS, r.Verdict, sparkline(r.History))
 	}
 	return tw.Flush()
 }

@@ -66,6 +66,77 @@ func TestTopReport(t *testing.T) {
 	}
 }
 
+// In monitor mode what the rules would drop passes: a heavy hitter's
+// samples over a limit, the hits of any live denylist entry and those of
+// a monitor mode auto-block count as monitored, not dropped, and the
+// verdict says what enforcing would do.
+func TestTopReportMonitored(t *testing.T) {
+	limited := netip.MustParsePrefix("198.19.1.1/32")
+	blocked := netip.MustParsePrefix("198.51.100.7/32")
+	auto := netip.MustParsePrefix("2001:db8:f00:1::/64")
+	t0 := time.Unix(1000, 0)
+	prev := topSample{at: t0, sample: 1, monitor: true,
+		hh: map[netip.Prefix]ratelimit.HeavyHitter{
+			limited: {Source: limited, Packets: 1000, Monitored: 100},
+			blocked: {Source: blocked, Packets: 10},
+			auto:    {Source: auto, Packets: 10},
+		},
+		deny: map[netip.Prefix]denyState{
+			blocked: {live: true, own: true, hits: 0},
+			auto:    {live: true, auto: true, monitor: true, own: true, hits: 0},
+		},
+	}
+	cur := topSample{at: t0.Add(time.Second), sample: 1, monitor: true,
+		hh: map[netip.Prefix]ratelimit.HeavyHitter{
+			limited: {Source: limited, Packets: 3000, Monitored: 1900},
+			blocked: {Source: blocked, Packets: 10},
+			auto:    {Source: auto, Packets: 10},
+		},
+		deny: map[netip.Prefix]denyState{
+			blocked: {live: true, own: true, hits: 500},
+			auto:    {live: true, auto: true, monitor: true, own: true, hits: 700},
+		},
+	}
+	row := func(rep TopReport) []string {
+		var got []string
+		for _, r := range rep.Sources {
+			got = append(got, fmt.Sprintf("%s %s %.0f %.0f %.0f", r.Source, r.Verdict, r.PPS, r.DroppedPPS, r.MonitoredPPS))
+		}
+		return got
+	}
+	rep := topReport(prev, cur, map[netip.Prefix][]float64{}, "packets", 10)
+	want := []string{
+		"198.19.1.1/32 would be limited 2000 0 1800",
+		"2001:db8:f00:1::/64 would be auto-blocked 700 0 700",
+		"198.51.100.7/32 would be blocked 500 0 500",
+	}
+	if got := row(rep); strings.Join(got, "\n") != strings.Join(want, "\n") || !rep.Monitor {
+		t.Errorf("monitor mode, rows:\n%s\nwant:\n%s (monitor %v)", strings.Join(got, "\n"), strings.Join(want, "\n"), rep.Monitor)
+	}
+	var b strings.Builder
+	if err := printTop(&b, rep, "packets"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "MONITOR MODE") || !strings.Contains(b.String(), "DROPPED PPS  MONITORED PPS  VERDICT") {
+		t.Errorf("table in monitor mode:\n%s", b.String())
+	}
+
+	// Enforcing, the manual entry's hits are drops again, and a monitor
+	// mode auto-block is out of force (readTop reads it as not live).
+	prev.monitor, cur.monitor = false, false
+	prev.hh[limited] = ratelimit.HeavyHitter{Source: limited, Packets: 1000, Dropped: 100, Monitored: 1900}
+	cur.hh[limited] = ratelimit.HeavyHitter{Source: limited, Packets: 3000, Dropped: 1900, Monitored: 1900}
+	cur.deny[auto] = denyState{auto: true, monitor: true, own: true, hits: 700}
+	want = []string{
+		"198.19.1.1/32 limited 2000 1800 0",
+		"198.51.100.7/32 blocked 500 500 0",
+		"2001:db8:f00:1::/64 pass 0 0 0",
+	}
+	if got := row(topReport(prev, cur, map[netip.Prefix][]float64{}, "packets", 10)); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("enforcing, rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // A prefix entry that covers several sources blocks each, but its hits
 // are theirs together: only a source's own entry adds its rate.
 func TestTopReportCoveringPrefix(t *testing.T) {
@@ -116,6 +187,7 @@ func TestTopReportRestarted(t *testing.T) {
 		{"packets", ratelimit.HeavyHitter{Packets: 5000, Bytes: 100, Dropped: 10}, ratelimit.HeavyHitter{Packets: 200, Bytes: 12800, Dropped: 20}},
 		{"bytes", ratelimit.HeavyHitter{Packets: 100, Bytes: 500000, Dropped: 10}, ratelimit.HeavyHitter{Packets: 200, Bytes: 12800, Dropped: 20}},
 		{"dropped", ratelimit.HeavyHitter{Packets: 100, Bytes: 100, Dropped: 5000}, ratelimit.HeavyHitter{Packets: 200, Bytes: 12800, Dropped: 20}},
+		{"monitored", ratelimit.HeavyHitter{Packets: 100, Bytes: 100, Dropped: 10, Monitored: 5000}, ratelimit.HeavyHitter{Packets: 200, Bytes: 12800, Dropped: 20}},
 	} {
 		prev := topSample{at: t0, hh: map[netip.Prefix]ratelimit.HeavyHitter{a: c.prev}}
 		cur := topSample{at: t0.Add(time.Second), hh: map[netip.Prefix]ratelimit.HeavyHitter{a: c.cur}}

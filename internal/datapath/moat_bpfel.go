@@ -127,11 +127,12 @@ const (
 )
 
 type MoatHhCounts struct {
-	_       structs.HostLayout
-	Packets uint64
-	Bytes   uint64
-	Dropped uint64
-	LastNs  uint64
+	_         structs.HostLayout
+	Packets   uint64
+	Bytes     uint64
+	Dropped   uint64
+	LastNs    uint64
+	Monitored uint64
 }
 
 type MoatHostV4 struct {

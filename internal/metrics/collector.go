@@ -575,6 +575,11 @@ func (c *Collector) collectRateLimits(p *pinned, ch chan<- prometheus.Metric) er
 			return scan(m, func(*datapath.MoatRlSrcKey, *datapath.MoatRlSrcState) {})
 		}},
 		{datapath.MoatMapHhSources, func(m *ebpf.Map) (int, error) {
+			if m.ValueSize() != uint32(binary.Size(datapath.MoatHhCounts{})) {
+				// Pinned by an older moat, whose values were shorter:
+				// counted as they are, until shield.Open replaces it.
+				return walk(m, int(m.MaxEntries()), func(*datapath.MoatRlSrcKey, *[]byte) {})
+			}
 			return scan(m, func(*datapath.MoatRlSrcKey, *datapath.MoatHhCounts) {})
 		}},
 	} {

@@ -701,11 +701,15 @@ func testTopSources(t *testing.T, s *shield.Shield) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg, err := rl.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var keys []datapath.MoatRlSrcKey
 	for i := range 12 {
 		k := datapath.MoatRlSrcKey{Family: 4, Prefixlen: 32}
 		copy(k.Addr[:], []byte{198, 51, 100, byte(i + 1)})
-		if err := rl.HHSources.Put(k, datapath.MoatHhCounts{Packets: uint64(100 + i), Bytes: 6400}); err != nil {
+		if err := rl.HHSources.Put(k, datapath.MoatHhCounts{Packets: uint64(100 + i), Bytes: 6400, Dropped: 3, Monitored: 2}); err != nil {
 			t.Fatal(err)
 		}
 		keys = append(keys, k)
@@ -719,10 +723,16 @@ func testTopSources(t *testing.T, s *shield.Shield) {
 		srv := httptest.NewServer(metrics.Handler(metrics.Config{Root: s.Root(), TopEntries: c.top}))
 		got := series(scrape(t, srv.URL))
 		srv.Close()
-		for _, name := range []string{"moat_heavy_hitter_packets", "moat_heavy_hitter_bytes", "moat_heavy_hitter_dropped_packets"} {
+		for _, name := range []string{"moat_heavy_hitter_packets", "moat_heavy_hitter_bytes", "moat_heavy_hitter_dropped_packets", "moat_heavy_hitter_monitored_packets"} {
 			if n := len(got.all(name, nil)); n != c.want {
 				t.Errorf("TopEntries %d: %d series of %s, want %d", c.top, n, name, c.want)
 			}
+		}
+		if c.want > 0 {
+			// The heaviest, scaled by the sampling interval.
+			top := []string{"source", "198.51.100.12/32"}
+			got.eq(t, "moat_heavy_hitter_dropped_packets", gaugeT, float64(3*cfg.Sample), top...)
+			got.eq(t, "moat_heavy_hitter_monitored_packets", gaugeT, float64(2*cfg.Sample), top...)
 		}
 		// The attack shape names no address: it stays.
 		if n := len(got.all("moat_attack_shape_packets_total", map[string]string{"dimension": "size"})); n == 0 {

@@ -12,8 +12,8 @@ type Collector struct {
 	m              Maps
 	topN, topPorts int
 
-	hhPackets, hhBytes, hhDropped *prometheus.Desc
-	shape                         *prometheus.Desc
+	hhPackets, hhBytes, hhDropped, hhMonitored *prometheus.Desc
+	shape                                      *prometheus.Desc
 }
 
 // NewCollector exports m with the topN heaviest sources (their labels are
@@ -22,15 +22,16 @@ type Collector struct {
 func NewCollector(m Maps, topN, topPorts int) *Collector {
 	return &Collector{
 		m: m, topN: topN, topPorts: max(topPorts, 0),
-		hhPackets: prometheus.NewDesc("moat_heavy_hitter_packets", "Estimated packets of a heavy source since it was first sampled.", []string{"source"}, nil),
-		hhBytes:   prometheus.NewDesc("moat_heavy_hitter_bytes", "Estimated bytes of a heavy source since it was first sampled.", []string{"source"}, nil),
-		hhDropped: prometheus.NewDesc("moat_heavy_hitter_dropped_packets", "Estimated packets of a heavy source that a limit or budget dropped.", []string{"source"}, nil),
-		shape:     prometheus.NewDesc("moat_attack_shape_packets_total", "Packets that reached the limits, by shape.", []string{"dimension", "bucket"}, nil),
+		hhPackets:   prometheus.NewDesc("moat_heavy_hitter_packets", "Estimated packets of a heavy source since it was first sampled.", []string{"source"}, nil),
+		hhBytes:     prometheus.NewDesc("moat_heavy_hitter_bytes", "Estimated bytes of a heavy source since it was first sampled.", []string{"source"}, nil),
+		hhDropped:   prometheus.NewDesc("moat_heavy_hitter_dropped_packets", "Estimated packets of a heavy source that a limit, budget or port rule dropped.", []string{"source"}, nil),
+		hhMonitored: prometheus.NewDesc("moat_heavy_hitter_monitored_packets", "Estimated packets of a heavy source that a limit, budget or port rule would have dropped and monitor mode let through.", []string{"source"}, nil),
+		shape:       prometheus.NewDesc("moat_attack_shape_packets_total", "Packets that reached the limits, by shape.", []string{"dimension", "bucket"}, nil),
 	}
 }
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.hhPackets, c.hhBytes, c.hhDropped, c.shape} {
+	for _, d := range []*prometheus.Desc{c.hhPackets, c.hhBytes, c.hhDropped, c.hhMonitored, c.shape} {
 		ch <- d
 	}
 }
@@ -51,6 +52,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.hhPackets, h.Packets, src)
 			gauge(c.hhBytes, h.Bytes, src)
 			gauge(c.hhDropped, h.Dropped, src)
+			gauge(c.hhMonitored, h.Monitored, src)
 		}
 	} else {
 		ch <- prometheus.NewInvalidMetric(c.hhPackets, err)

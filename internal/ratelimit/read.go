@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -17,12 +18,19 @@ type HeavyHitter struct {
 	Source  netip.Prefix `json:"source"`
 	Packets uint64       `json:"packets"`
 	Bytes   uint64       `json:"bytes"`
-	Dropped uint64       `json:"dropped"` // by a rate limit or budget
+	Dropped uint64       `json:"dropped"` // by a rate limit, budget or port rule
+	// Over a limit or budget, or to a port a rule drops, but passed in
+	// monitor mode: what enforcing would have dropped. Named as moat
+	// stats names them.
+	Monitored uint64 `json:"monitored"`
 }
 
 // HeavyHitters reads the sampled sources. The counts are cumulative since
 // each source entered the map (an LRU: quiet sources leave it); rates come
-// from the difference of two reads.
+// from the difference of two reads. The values are read as bytes: a map
+// pinned by an older moat has shorter ones, without the fields added at
+// their end since, which read as 0. shield.Open replaces such a map, but
+// the metrics read the pins as they find them.
 func (m Maps) HeavyHitters() ([]HeavyHitter, error) {
 	cfg, err := m.Config()
 	if err != nil {
@@ -31,14 +39,22 @@ func (m Maps) HeavyHitters() ([]HeavyHitter, error) {
 	scale := uint64(cfg.Sample)
 	var out []HeavyHitter
 	var k datapath.MoatRlSrcKey
-	var v datapath.MoatHhCounts
+	var b []byte
+	full := make([]byte, binary.Size(datapath.MoatHhCounts{}))
 	it := m.HHSources.Iterate()
-	for it.Next(&k, &v) {
+	for it.Next(&k, &b) {
+		clear(full)
+		copy(full, b)
+		var v datapath.MoatHhCounts
+		if _, err := binary.Decode(full, binary.NativeEndian, &v); err != nil {
+			return nil, fmt.Errorf("read heavy hitters: %w", err)
+		}
 		out = append(out, HeavyHitter{
-			Source:  keyPrefix(k),
-			Packets: v.Packets * scale,
-			Bytes:   v.Bytes * scale,
-			Dropped: v.Dropped * scale,
+			Source:    keyPrefix(k),
+			Packets:   v.Packets * scale,
+			Bytes:     v.Bytes * scale,
+			Dropped:   v.Dropped * scale,
+			Monitored: v.Monitored * scale,
 		})
 	}
 	if err := it.Err(); err != nil {

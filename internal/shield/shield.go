@@ -13,11 +13,13 @@
 package shield
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -274,6 +276,7 @@ var resizable = map[string]func(s *Shield, old, cur *ebpf.Map) error{
 	datapath.MoatMapSynCounters: carrySynCounters,
 	datapath.MoatMapSettings:    carrySettings,
 	datapath.MoatMapRlStats:     carryRuleStats,
+	datapath.MoatMapHhSources:   carryHeavyHitters,
 }
 
 // replaceMap creates name anew, lets migrate fill it from old, and pins it
@@ -379,6 +382,52 @@ func carryRuleStats(s *Shield, old, cur *ebpf.Map) error {
 		}
 	}
 	return nil
+}
+
+// carryHeavyHitters copies the sampled sources of a moat whose struct
+// hh_counts was shorter: fields are only added at its end, so the old ones
+// lead the new value and those it lacked (the monitored count) start at
+// zero. The counts are cumulative since a source entered the table, and
+// `moat top` and the metrics read them as such: carried, they go on, where
+// an empty table would restart every source. The oldest go in first, so
+// that if the LRU makes room (it may before it is quite full) it drops
+// those.
+func carryHeavyHitters(s *Shield, old, cur *ebpf.Map) error {
+	n := int(unsafe.Offsetof(datapath.MoatHhCounts{}.Monitored))
+	if int(old.ValueSize()) < n || old.ValueSize() > cur.ValueSize() {
+		return fmt.Errorf("values of %d bytes are not an older layout of this version's %d (counts in the first %d)", old.ValueSize(), cur.ValueSize(), n)
+	}
+	type entry struct {
+		key, val []byte
+		last     uint64
+	}
+	var es []entry
+	var k, v []byte
+	lastAt := int(unsafe.Offsetof(datapath.MoatHhCounts{}.LastNs))
+	it := old.Iterate()
+	for len(es) < int(old.MaxEntries()) && it.Next(&k, &v) {
+		val := make([]byte, cur.ValueSize())
+		copy(val, v)
+		es = append(es, entry{k, val, binary.NativeEndian.Uint64(val[lastAt:])})
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	slices.SortFunc(es, func(a, b entry) int { return cmp.Compare(a.last, b.last) })
+	for _, e := range es {
+		if err := cur.Update(e.key, e.val, ebpf.UpdateAny); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// HeavyHittersOlderFilter names an interface whose filter samples its
+// heavy hitters into the table this one replaced (an older moat's, whose
+// values were shorter: see carryHeavyHitters), or "" if none does: `moat
+// top` misses its sources until `moat attach` replaces it.
+func (s *Shield) HeavyHittersOlderFilter() (string, error) {
+	return s.filterWithout(datapath.MoatMapHhSources)
 }
 
 // LimitCountersOlderFilter names an interface whose filter counts its

@@ -408,7 +408,7 @@ func TestOpenRefusesSynCountersItCannotCarry(t *testing.T) {
 	}
 }
 
-// pinOlderMap makes fresh state whose per-CPU array name is a map of an
+// pinOlderMap makes fresh state whose shared map name is a map of an
 // older shape, with values of valueSize bytes, as an older moat would have
 // pinned it; the map stays pinned (and alive) after the test's handle is
 // closed. It returns the state's root, the pin's path and the map's id.
@@ -416,11 +416,7 @@ func pinOlderMap(t *testing.T, name string, valueSize uint32) (root, pin string,
 	t.Helper()
 	s := openFresh(t)
 	defer s.Close()
-	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: valueSize,
-		MaxEntries: s.Map(name).MaxEntries()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	older := olderMap(t, s, name, valueSize)
 	defer older.Close()
 	info, err := older.Info()
 	if err != nil {
@@ -428,6 +424,18 @@ func pinOlderMap(t *testing.T, name string, valueSize uint32) (root, pin string,
 	}
 	id, _ = info.ID()
 	return s.Root(), pinInstead(t, s.Root(), name, older), id
+}
+
+// olderMap makes a map of the type, key and size of the shared map name
+// of s, but with values of valueSize bytes, as an older moat pinned it.
+func olderMap(t *testing.T, s *shield.Shield, name string, valueSize uint32) *ebpf.Map {
+	t.Helper()
+	cur := s.Map(name)
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: cur.Type(), KeySize: cur.KeySize(), ValueSize: valueSize, MaxEntries: cur.MaxEntries()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // wantPinnedMap checks that the map pinned at pin is the map id.
