@@ -3,7 +3,6 @@ package shield_test
 import (
 	"encoding/binary"
 	"net/netip"
-	"strings"
 	"testing"
 
 	"github.com/moat-shield/moat/internal/datapath"
@@ -91,29 +90,5 @@ func TestOpenCarriesOlderHeavyHitters(t *testing.T) {
 		}
 		s.Close()
 	}
-	s, err = shield.Open(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
-		t.Fatal(err)
-	}
-	if name, err := s.HeavyHittersOlderFilter(); err != nil || name != "" {
-		t.Errorf("HeavyHittersOlderFilter %q, %v after the attach", name, err)
-	}
-}
-
-// TestOpenRefusesHeavyHittersItCannotCarry: pinned hh_sources values too
-// short to hold the counts every version had are not an older layout;
-// Open says so and leaves the table pinned.
-func TestOpenRefusesHeavyHittersItCannotCarry(t *testing.T) {
-	root, pin, id := pinOlderMap(t, datapath.MoatMapHhSources, 16)
-	if s, err := shield.Open(root); err == nil {
-		s.Close()
-		t.Fatal("open with hh_sources values of 16 bytes succeeded")
-	} else if !strings.Contains(err.Error(), datapath.MoatMapHhSources) {
-		t.Errorf("error %q does not name the map", err)
-	}
-	wantPinnedMap(t, pin, id)
+	attachEndsOlderFilter(t, root, a, "HeavyHittersOlderFilter", (*shield.Shield).HeavyHittersOlderFilter)
 }

@@ -709,29 +709,41 @@ func TestOpenCarriesOlderRuleStats(t *testing.T) {
 		}
 		s.Close()
 	}
-	s, err = shield.Open(root)
+	attachEndsOlderFilter(t, root, a, "LimitCountersOlderFilter", (*shield.Shield).LimitCountersOlderFilter)
+}
+
+// attachEndsOlderFilter opens the state under root, attaches to iface
+// again, and checks that olderFilter (named name) then finds no filter of
+// an older moat: the attach replaced it.
+func attachEndsOlderFilter(t *testing.T, root, iface, name string, olderFilter func(*shield.Shield) (string, error)) {
+	t.Helper()
+	s, err := shield.Open(root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
+	if _, err := s.Attach(iface, shield.ModeAuto); err != nil {
 		t.Fatal(err)
 	}
-	if name, err := s.LimitCountersOlderFilter(); err != nil || name != "" {
-		t.Errorf("LimitCountersOlderFilter %q, %v after the attach", name, err)
+	if got, err := olderFilter(s); err != nil || got != "" {
+		t.Errorf("%s %q, %v after the attach", name, got, err)
 	}
 }
 
-// TestOpenRefusesRuleStatsItCannotCarry: pinned rl_stats values too short
-// to hold the counters every version had are not an older layout; Open
-// says so and leaves the map pinned.
-func TestOpenRefusesRuleStatsItCannotCarry(t *testing.T) {
-	root, pin, id := pinOlderMap(t, datapath.MoatMapRlStats, 16)
-	if s, err := shield.Open(root); err == nil {
-		s.Close()
-		t.Fatal("open with rl_stats values of 16 bytes succeeded")
-	} else if !strings.Contains(err.Error(), datapath.MoatMapRlStats) {
-		t.Errorf("error %q does not name the map", err)
+// TestOpenRefusesShortLayouts: pinned rl_stats or hh_sources values too
+// short to hold the counts every version had are not an older layout;
+// Open says so, naming the map, and leaves it pinned.
+func TestOpenRefusesShortLayouts(t *testing.T) {
+	for _, name := range []string{datapath.MoatMapRlStats, datapath.MoatMapHhSources} {
+		t.Run(name, func(t *testing.T) {
+			root, pin, id := pinOlderMap(t, name, 16)
+			if s, err := shield.Open(root); err == nil {
+				s.Close()
+				t.Fatalf("open with %s values of 16 bytes succeeded", name)
+			} else if !strings.Contains(err.Error(), name) {
+				t.Errorf("error %q does not name the map", err)
+			}
+			wantPinnedMap(t, pin, id)
+		})
 	}
-	wantPinnedMap(t, pin, id)
 }
