@@ -5,15 +5,21 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // setThreadCPUs gives every thread of this process the CPU mask set. A
 // thread started meanwhile inherits its creator's mask, which may be the
-// old one, so passes repeat until one finds every thread with set.
+// old one, so passes repeat until one finds every thread with set. The
+// kernel copies the mask when a thread is cloned but lists the thread
+// only later, and on a busy host a clone begun before its creator's mask
+// changed can show up after such a pass: the pass that ends it must come
+// a while after one that changed nothing.
 func setThreadCPUs(set unix.CPUSet) error {
 	const passes = 10
+	settled := false
 	for range passes {
 		tids, err := threadIDs()
 		if err != nil {
@@ -36,12 +42,22 @@ func setThreadCPUs(set unix.CPUSet) error {
 			}
 			changed = true
 		}
-		if !changed {
+		switch {
+		case changed:
+			settled = false
+		case settled:
 			return nil
+		default:
+			settled = true
+			time.Sleep(settleTime)
 		}
 	}
 	return fmt.Errorf("threads kept starting with other CPUs after %d passes", passes)
 }
+
+// settleTime is how long setThreadCPUs waits for clones in flight: a few
+// scheduler ticks.
+const settleTime = 20 * time.Millisecond
 
 // threadIDs lists the threads of this process.
 func threadIDs() ([]int, error) {
