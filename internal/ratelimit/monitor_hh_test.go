@@ -127,23 +127,7 @@ func TestMonitoredHeavyHitters(t *testing.T) {
 // nothing monitored, as `moat top` and the metrics read it from the pins
 // (the metrics without shield.Open).
 func TestHeavyHittersOfAnOlderLayout(t *testing.T) {
-	spec, err := datapath.LoadMoat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	maps := map[string]*ebpf.Map{}
-	for _, name := range ratelimit.MapNames {
-		m, err := ebpf.NewMap(spec.Maps[name])
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		maps[name] = m
-	}
-	rl, err := ratelimit.NewMaps(func(n string) *ebpf.Map { return maps[n] })
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, rl := unpinnedMaps(t)
 	const oldSize = 32
 	hs := spec.Maps[datapath.MoatMapHhSources]
 	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: hs.Type, KeySize: hs.KeySize, ValueSize: oldSize, MaxEntries: hs.MaxEntries})

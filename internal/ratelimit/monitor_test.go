@@ -147,29 +147,13 @@ func TestMonitoredLimitCounters(t *testing.T) {
 // monitored fields (64-byte values) read as they were, with nothing
 // monitored, as the metrics read them from the pins without shield.Open.
 func TestRuleStatsOfAnOlderLayout(t *testing.T) {
-	spec, err := datapath.LoadMoat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	maps := map[string]*ebpf.Map{}
-	for _, name := range ratelimit.MapNames {
-		m, err := ebpf.NewMap(spec.Maps[name])
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		maps[name] = m
-	}
-	rl, err := ratelimit.NewMaps(func(n string) *ebpf.Map { return maps[n] })
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, rl := unpinnedMaps(t)
 	if err := rl.Add(ratelimit.Limit{Kind: ratelimit.Budget, Scope: scope(t, "udp/53"), PPS: 10}, false); err != nil {
 		t.Fatal(err)
 	}
 	const oldSize = 64
 	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: oldSize,
-		MaxEntries: maps[datapath.MoatMapRlStats].MaxEntries()})
+		MaxEntries: rl.Stats.MaxEntries()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,4 +179,28 @@ func TestRuleStatsOfAnOlderLayout(t *testing.T) {
 	if len(ls) != 1 || ls[0].Stats != want {
 		t.Errorf("limits %+v, want one with %+v", ls, want)
 	}
+}
+
+// unpinnedMaps makes the rate limits' maps afresh, unpinned and closed
+// when t ends, for tests that put maps of an older layout in their place.
+func unpinnedMaps(t *testing.T) (*ebpf.CollectionSpec, ratelimit.Maps) {
+	t.Helper()
+	spec, err := datapath.LoadMoat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps := map[string]*ebpf.Map{}
+	for _, name := range ratelimit.MapNames {
+		m, err := ebpf.NewMap(spec.Maps[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		maps[name] = m
+	}
+	rl, err := ratelimit.NewMaps(func(n string) *ebpf.Map { return maps[n] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec, rl
 }

@@ -662,11 +662,7 @@ func TestOpenCarriesOlderRuleStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	const oldSize = 64
-	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: oldSize,
-		MaxEntries: s.Map(datapath.MoatMapRlStats).MaxEntries()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	older := olderMap(t, s, datapath.MoatMapRlStats, oldSize)
 	defer older.Close()
 	vals := make([][]byte, ebpf.MustPossibleCPU())
 	for cpu := range vals {
