@@ -832,7 +832,8 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
 		__builtin_memcpy(&lo, a + 8, 8);
 		if (hi == 0 && (lo == 0 || lo == bpf_cpu_to_be64(1))) /* :: and ::1 */
 			return 0;
-		if (hi == 0 && a[8] == 0 && a[9] == 0 && a[10] == 0xff && a[11] == 0xff) /* ::ffff:0:0/96 */
+		/* ::ffff:0:0/96; the parser already refuses such a source. */
+		if (i && hi == 0 && a[8] == 0 && a[9] == 0 && a[10] == 0xff && a[11] == 0xff)
 			return 0;
 	}
 	return 1;
