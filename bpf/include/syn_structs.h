@@ -91,12 +91,24 @@ struct syn_port {
 	__u64 flood_until_ns;
 };
 
+/* What a listener's window scale depends on, as logarithms (floor of
+ * log2; clamp 0: not read): the window its handshake may grow to (the
+ * larger of its buffer's window and the namespace's tcp_rmem[2]) and its
+ * window clamp (TCP_WINDOW_CLAMP; with SO_RCVBUF set, no more than its
+ * buffer's window; else the largest window a scale can announce). */
+struct syn_scale_logs {
+	__u8 space;
+	__u8 clamp;
+};
+
 /* Per CPU and per protected port (key: the port's slot). The window and
  * clock fields belong to the data path and are not counters. */
 struct syn_port_stats {
 	__u64 syns;             /* SYNs seen (no ACK flag) */
 	__u64 cookies_issued;   /* SYN-ACKs sent with XDP_TX */
-	__u64 cookies_accepted; /* handshakes handed to the kernel by tc */
+	__u64 cookies_accepted; /* handshakes handed to the kernel by tc while
+				 * the listener's accept queue had room (the
+				 * others: accept_queue_full, at the end) */
 	__u64 cookies_rejected; /* cookie mode: ACKs to a listener whose cookie,
 				 * moat's or the kernel's, is not valid (dropped) */
 	__u64 acks_dropped;     /* cookie mode: ACKs with no socket dropped: those
@@ -135,12 +147,20 @@ struct syn_port_stats {
 	__u64 local_jiffies;
 	__u8 local_family;
 	__u8 local;
-	/* The receive space the listener syn_sock_state last found offers
-	 * a handshake (below, with it), at most 65535: its receive buffer's
-	 * window, or its window clamp if lower. Rounded down to the MSS, it
-	 * is the SYN-ACK's window, as the kernel's would be. */
-	__u16 listener_space;
+	/* The logarithms of the window scale of the listener syn_sock_state
+	 * last found (below, with it). */
+	struct syn_scale_logs listener_scale;
 	__u32 local_ifindex;
+	/* That listener's receive space for a handshake: its receive
+	 * buffer's window, or its window clamp if lower. Rounded down to the
+	 * MSS, and no more than 65535, it is the SYN-ACK's window, as the
+	 * kernel's would be. */
+	__u32 listener_space;
+	/* The first census generation whose pass saw this port protected
+	 * (syn_census.generation + 1 when the control plane cleared the
+	 * slot): until the census floor reaches it, the port's sockets may
+	 * be unmarked and every SYN pays the socket lookup. */
+	__u32 census_from;
 	/* The listener syn_sock_state last found on this CPU, in the jiffy
 	 * and on the device of net_jiffies and net_ifindex: the family and
 	 * destination it was asked for, and whether it is bound to the
@@ -153,14 +173,18 @@ struct syn_port_stats {
 	/* The MSS that listener announces on this device: the device's MTU
 	 * less the IP and TCP headers, or the listener's TCP_MAXSEG if lower. */
 	__u16 listener_mss;
-	/* The first census generation whose pass saw this port protected
-	 * (syn_census.generation + 1 when the control plane cleared the
-	 * slot): until the census floor reaches it, the port's sockets may
-	 * be unmarked and every SYN pays the socket lookup. */
-	__u32 census_from;
 	/* The arguments of that FIB lookup (struct bpf_fib_lookup), kept here
 	 * rather than on the BPF stack, which the SYN path has little of. */
 	__u8 fib[64];
+	/* Valid cookie ACKs handed to the kernel while the listener's accept
+	 * queue was full: the stack drops the connection the request socket
+	 * would make (its ListenOverflows) and the client sends again; not in
+	 * cookies_accepted. tc sees a whole receive batch before the stack
+	 * takes any of it in, so handshakes that fill the queue within one
+	 * batch count as accepted: a lower bound of the kernel's count. Here
+	 * rather than with the counters above, whose place older layouts
+	 * share (carrySynCounters); fields added later go after it. */
+	__u64 accept_queue_full;
 };
 
 /* One SipHash key. The two slots of syn_keys hold the keys of the current
@@ -183,8 +207,12 @@ struct syn_config {
 	__u64 cookie_lifetime_ns; /* tc stops looking for cookies this long after a flood */
 	__u16 mss_v4;           /* MSS moat announces in its SYN-ACK */
 	__u16 mss_v6;
-	__u8 rcv_wscale;        /* window scale moat announces (and the kernel then uses) */
-	__u8 pad[3];
+	__u8 rcv_wscale;        /* window scale moat announces (and the kernel then
+				 * uses); 0: the kernel's choice for the listener */
+	/* floor(log2(net.core.rmem_max)), a global sysctl the data path
+	 * cannot read; the kernel's window scale depends on it. */
+	__u8 rmem_max_log2;
+	__u8 pad[2];
 	/* How often the control plane rotates keys. Once the last rotation is
 	 * older than 2.5 of these (SYN_STALE_HALF_PERIODS), the rotator is taken for dead:
 	 * moat issues and accepts no more cookies and the kernel handles SYNs. */

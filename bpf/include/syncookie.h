@@ -63,6 +63,7 @@ struct netns_ipv4___moat {
 	__u8 sysctl_tcp_sack;
 	__u8 sysctl_tcp_window_scaling;
 	__u8 sysctl_tcp_timestamps;
+	int sysctl_tcp_rmem[3];
 } __attribute__((preserve_access_index));
 
 struct net___moat {
@@ -83,6 +84,7 @@ struct tcp_options_received___moat {
 
 struct sock___moat {
 	int sk_rcvbuf;
+	__u8 sk_userlocks;
 	__u32 sk_ack_backlog;
 	__u32 sk_max_ack_backlog;
 } __attribute__((preserve_access_index));
@@ -157,15 +159,13 @@ static __always_inline __u16 syn_user_mss(const struct tcp_sock *tsk)
 	return tp ? tp->rx_opt.user_mss : 0;
 }
 
-/* The receive space a listener offers a new connection, as the kernel
- * reckons it for a request socket (tcp_openreq_init_rwin: the window of
- * its receive buffer, no more than its window clamp), capped at the
- * 65535 a SYN-ACK can announce. 0 if tsk is NULL. */
-static __always_inline __u16 syn_listener_space(const struct tcp_sock *tsk)
+/* The window a listener's receive buffer holds (tcp_full_space): its
+ * buffer less the share the kernel reckons as overhead (scaling_ratio, in
+ * 256ths; kernels before 6.7 had none and took half). 0 if tsk is NULL. */
+static __always_inline __u64 syn_full_space(const struct tcp_sock *tsk)
 {
 	const struct tcp_sock___moat *tp = (const void *)tsk;
 	const struct sock___moat *sk = (const void *)tsk;
-	__u64 space;
 	int rcvbuf;
 
 	if (!tp)
@@ -174,12 +174,111 @@ static __always_inline __u16 syn_listener_space(const struct tcp_sock *tsk)
 	if (rcvbuf <= 0)
 		return 0;
 	if (bpf_core_field_exists(tp->scaling_ratio))
-		space = ((__u64)rcvbuf * tp->scaling_ratio) >> 8;
-	else
-		space = (__u64)rcvbuf >> 1;
+		return ((__u64)rcvbuf * tp->scaling_ratio) >> 8;
+	return (__u64)rcvbuf >> 1;
+}
+
+/* The receive space a listener offers a new connection, as the kernel
+ * reckons it for a request socket (tcp_openreq_init_rwin: the window of
+ * its receive buffer, no more than its window clamp). 0 if tsk is NULL. */
+static __always_inline __u32 syn_listener_space(const struct tcp_sock *tsk)
+{
+	const struct tcp_sock___moat *tp = (const void *)tsk;
+	__u64 space;
+
+	if (!tp)
+		return 0;
+	space = syn_full_space(tsk);
+	if (!space)
+		return 0;
 	if (tp->window_clamp && tp->window_clamp < space)
 		space = tp->window_clamp;
-	return space > SYNACK_WINDOW ? SYNACK_WINDOW : space;
+	return space > 0xffffffff ? 0xffffffff : space;
+}
+
+/* floor(log2(v)), 0 for 0. */
+static __always_inline __u8 syn_log2(__u64 v)
+{
+	__u8 r = 0;
+
+	if (v >> 32) {
+		v >>= 32;
+		r += 32;
+	}
+	if (v >> 16) {
+		v >>= 16;
+		r += 16;
+	}
+	if (v >> 8) {
+		v >>= 8;
+		r += 8;
+	}
+	if (v >> 4) {
+		v >>= 4;
+		r += 4;
+	}
+	if (v >> 2) {
+		v >>= 2;
+		r += 2;
+	}
+	return r + (v >> 1 ? 1 : 0);
+}
+
+/* sk_userlocks: the owner set SO_RCVBUF (include/net/sock.h). */
+#define SOCK_RCVBUF_LOCK 2
+
+/* The logarithms a listener's window scale depends on (struct
+ * syn_scale_logs). tcp_openreq_init_rwin and tcp_select_initial_window
+ * reckon so; a route's window metric is not looked at. */
+static __always_inline struct syn_scale_logs syn_listener_scale(const struct tcp_sock *tsk)
+{
+	const struct tcp_sock___moat *tp = (const void *)tsk;
+	const struct sock___moat *sk = (const void *)tsk;
+	const struct sock_common___moat *skc = (const void *)tsk;
+	struct syn_scale_logs l = {};
+	__u64 full, clamp, space;
+	int rmem;
+
+	if (!tp)
+		return l;
+	full = syn_full_space(tsk);
+	clamp = tp->window_clamp;
+	if ((sk->sk_userlocks & SOCK_RCVBUF_LOCK) && (!clamp || clamp > full))
+		clamp = full;
+	if (!clamp)
+		clamp = (__u64)0xffff << TCP_MAX_WSCALE;
+	space = full < clamp ? full : clamp;
+	if (bpf_core_field_exists(skc->skc_net.net) && skc->skc_net.net) {
+		rmem = skc->skc_net.net->ipv4.sysctl_tcp_rmem[2];
+		if (rmem > 0 && (__u64)rmem > space)
+			space = rmem;
+	}
+	l.space = syn_log2(space);
+	l.clamp = syn_log2(clamp);
+	return l;
+}
+
+/* The window scale the kernel would announce to a client that offers
+ * scaling: the least that scales the window a connection may grow to
+ * (net.core.rmem_max counts too: a global sysctl BPF cannot read, whose
+ * log2 the control plane writes to syn_config), within the clamp. The
+ * cookie has no room for it, so SYN-ACK and third ACK each reckon it from
+ * the listener, as the kernel does for its own cookies (cookie_v4_check). */
+static __always_inline __u8 syn_rcv_wscale(struct syn_scale_logs l, const struct syn_config *cfg)
+{
+	__u8 lg = l.space;
+
+	if (cfg->rcv_wscale)
+		return cfg->rcv_wscale > TCP_MAX_WSCALE ? TCP_MAX_WSCALE : cfg->rcv_wscale;
+	if (!l.clamp)
+		return SYN_DEFAULT_RCV_WSCALE; /* no listener read */
+	if (cfg->rmem_max_log2 > lg)
+		lg = cfg->rmem_max_log2;
+	if (lg > l.clamp)
+		lg = l.clamp;
+	if (lg <= 15)
+		return 0;
+	return lg - 15 > TCP_MAX_WSCALE ? TCP_MAX_WSCALE : lg - 15;
 }
 
 /* Whether a listener's accept queue is full (sk_acceptq_is_full): the
@@ -194,8 +293,9 @@ static __always_inline int syn_accept_queue_full(const struct tcp_sock *tsk)
 /* The window a SYN-ACK announces: the listener's receive space, rounded
  * down to a multiple of the segment the client will send (the MSS less
  * the timestamp option it carries), as tcp_select_initial_window rounds
- * it. The largest window a SYN-ACK can carry when the space is unknown. */
-static __always_inline __u16 syn_window(__u16 space, __u16 mss, int ts)
+ * it, then capped at what the field holds, as tcp_make_synack caps it.
+ * The largest window a SYN-ACK can carry when the space is unknown. */
+static __always_inline __u16 syn_window(__u32 space, __u16 mss, int ts)
 {
 	__u32 seg = mss - (ts ? 12 : 0);
 
@@ -203,7 +303,7 @@ static __always_inline __u16 syn_window(__u16 space, __u16 mss, int ts)
 		return SYNACK_WINDOW;
 	if (seg && space > seg)
 		space = space / seg * seg;
-	return space;
+	return space > SYNACK_WINDOW ? SYNACK_WINDOW : space;
 }
 
 /* The kernel's struct of the same name (include/net/tcp.h); the kfunc
@@ -720,6 +820,7 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 			mtu = user_mss;
 		st->listener_mss = mtu;
 		st->listener_space = syn_listener_space(tsk);
+		st->listener_scale = syn_listener_scale(tsk);
 		st->listener_family = p->family;
 		st->listener_wild = *wild;
 		__builtin_memcpy(st->listener_addr, p->daddr, 16);
@@ -1081,9 +1182,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 		our_mss = st->listener_mss;
 	if (!our_mss)
 		our_mss = p->family == 4 ? SYN_DEFAULT_MSS_V4 : SYN_DEFAULT_MSS_V6;
-	our_wscale = cfg->rcv_wscale ? cfg->rcv_wscale : SYN_DEFAULT_RCV_WSCALE;
-	if (our_wscale > TCP_MAX_WSCALE)
-		our_wscale = TCP_MAX_WSCALE;
+	our_wscale = syn_rcv_wscale(st->listener_scale, cfg);
 
 	/* The kernel continues moat's TSval clock (bpf_tcp_req_attrs.rcv_tsecr),
 	 * offset included. */
@@ -1538,9 +1637,6 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	if (wscale != SYN_COOKIE_NO_WSCALE) {
 		attrs.wscale_ok = 1;
 		attrs.snd_wscale = wscale;
-		attrs.rcv_wscale = cfg->rcv_wscale ? cfg->rcv_wscale : SYN_DEFAULT_RCV_WSCALE;
-		if (attrs.rcv_wscale > TCP_MAX_WSCALE)
-			attrs.rcv_wscale = TCP_MAX_WSCALE;
 	}
 	attrs.sack_ok = !!(meta & SYN_COOKIE_SACK);
 	attrs.ecn_ok = !!(meta & SYN_COOKIE_ECN);
@@ -1554,6 +1650,9 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 
 	st = syn_counters_of(port);
 	tsk = bpf_skc_to_tcp_sock(sk);
+	/* The scale the SYN-ACK announced, reckoned again from the listener. */
+	if (attrs.wscale_ok)
+		attrs.rcv_wscale = syn_rcv_wscale(syn_listener_scale(tsk), cfg);
 	/* The listener's TCP_MAXSEG caps what the connection sends, as the
 	 * kernel caps a request's MSS with it (tcp_parse_options). The kfunc
 	 * takes nothing below the family's minimum MSS, so a smaller
@@ -1597,6 +1696,8 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	if (st) {
 		if (err)
 			st->accept_errors++;
+		else if (syn_accept_queue_full(tsk))
+			st->accept_queue_full++;
 		else
 			st->cookies_accepted++;
 	}

@@ -357,7 +357,8 @@ type MoatSynConfig struct {
 	MssV4            uint16
 	MssV6            uint16
 	RcvWscale        uint8
-	Pad              [3]uint8
+	RmemMaxLog2      uint8
+	Pad              [2]uint8
 	RotationPeriodNs uint64
 }
 
@@ -459,14 +460,21 @@ type MoatSynPortStats struct {
 	LocalJiffies    uint64
 	LocalFamily     uint8
 	Local           uint8
-	ListenerSpace   uint16
+	ListenerScale   struct {
+		_     structs.HostLayout
+		Space uint8
+		Clamp uint8
+	}
 	LocalIfindex    uint32
+	ListenerSpace   uint32
+	CensusFrom      uint32
 	ListenerAddr    [16]uint8
 	ListenerFamily  uint8
 	ListenerWild    uint8
 	ListenerMss     uint16
-	CensusFrom      uint32
 	Fib             [64]uint8
+	_               [4]byte
+	AcceptQueueFull uint64
 }
 
 type MoatSynRecent struct {

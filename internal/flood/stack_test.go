@@ -10,25 +10,17 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/moat-shield/moat/internal/lab"
 )
 
 // snmpCounters reads the calling thread's namespace's protocol counters:
-// /proc/net/snmp's header/value line pairs and snmp6's name/value lines,
-// keyed "Proto.Name". /proc/net follows the process, not the thread, so
-// the thread-self path is the one that sees the namespace.
+// lab.NetCounters and /proc/net/snmp6's name/value lines, keyed
+// "snmp6.Name".
 func snmpCounters() (map[string]uint64, error) {
-	out := map[string]uint64{}
-	b, err := os.ReadFile("/proc/thread-self/net/snmp")
+	out, err := lab.NetCounters()
 	if err != nil {
 		return nil, err
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	for i := 0; i+1 < len(lines); i += 2 {
-		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		for j := 1; j < len(names) && j < len(values); j++ {
-			v, _ := strconv.ParseInt(values[j], 10, 64) // a few are signed
-			out[strings.TrimSuffix(names[0], ":")+"."+names[j]] = uint64(v)
-		}
 	}
 	f, err := os.Open("/proc/thread-self/net/snmp6")
 	if err != nil {

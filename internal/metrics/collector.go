@@ -125,13 +125,15 @@ var (
 	synIssuedDesc = desc("moat_syncookie_cookies_issued_total",
 		"SYN-ACKs with a moat cookie sent for a port (XDP_TX).", "port")
 	synAcceptedDesc = desc("moat_syncookie_cookies_accepted_total",
-		"Handshakes completed with a valid moat cookie and handed to the kernel.", "port")
+		"Handshakes completed with a valid moat cookie and handed to the kernel while the listener's accept queue had room (see moat_syncookie_accept_queue_full_total).", "port")
 	synRejectedDesc = desc("moat_syncookie_cookies_rejected_total",
 		"Pure ACKs to a listener dropped in cookie mode because their cookie, moat's or the kernel's, is invalid (forged, or older than two key rotations).", "port")
 	synACKsDroppedDesc = desc("moat_syncookie_acks_dropped_total",
 		"ACKs with no socket and no valid cookie dropped in XDP: the rejected cookies, and ACKs whose headers are too long to check.", "port")
 	synAcceptErrorsDesc = desc("moat_syncookie_accept_errors_total",
 		"Valid cookies whose handshake the kernel refused: an MPTCP listener, or tcp_syncookies or tcp_window_scaling turned off between SYN-ACK and ACK.", "port")
+	synQueueFullDesc = desc("moat_syncookie_accept_queue_full_total",
+		"Valid cookies whose handshake came while the listener's accept queue was full: the kernel dropped the connection (TcpExt ListenOverflows) and the client sends again. Not in moat_syncookie_cookies_accepted_total. Handshakes that fill the queue within one receive batch count as accepted, so this is a lower bound of the kernel's count.", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",
@@ -217,7 +219,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		packetsDesc, bytesDesc, attachedDesc, progRunTimeDesc, progRunsDesc, bpfStatsDesc,
 		portRuleHitsDesc, entryHitsDesc, mapEntriesDesc, mapMaxEntriesDesc, mapMemoryDesc,
 		synSYNsDesc, synIssuedDesc, synAcceptedDesc, synRejectedDesc, synACKsDroppedDesc,
-		synAcceptErrorsDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
+		synAcceptErrorsDesc, synQueueFullDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
 		synThresholdDesc, synPortInfoDesc, keyRotationsDesc, keyRotatedDesc, keysStaleDesc,
 		censusPassesDesc, censusSocketsDesc, censusCurrentDesc,
 		rlPacketsDesc, rlBytesDesc, rlUntrackedDesc, rlTrackedDesc, rlBlocksDesc, rlBlockErrorsDesc,
@@ -491,6 +493,7 @@ func (c *Collector) collectSynCookie(p *pinned, ch chan<- prometheus.Metric) err
 		ch <- counter(synRejectedDesc, float64(s.CookiesRejected), port)
 		ch <- counter(synACKsDroppedDesc, float64(s.ACKsDropped), port)
 		ch <- counter(synAcceptErrorsDesc, float64(s.AcceptErrors), port)
+		ch <- counter(synQueueFullDesc, float64(s.AcceptQueueFull), port)
 		ch <- counter(synSYNsDroppedDesc, float64(s.SYNsDropped), port)
 		ch <- counter(synSYNsPassedDesc, float64(s.SYNsPassed), port)
 		ch <- counter(synStaleKeyDesc, float64(s.StaleKeySYNs), port)

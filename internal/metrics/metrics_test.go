@@ -598,6 +598,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		got.eq(t, "moat_syncookie_cookies_rejected_total", counterT, float64(p.CookiesRejected), "port", port)
 		got.eq(t, "moat_syncookie_acks_dropped_total", counterT, float64(p.ACKsDropped), "port", port)
 		got.eq(t, "moat_syncookie_accept_errors_total", counterT, float64(p.AcceptErrors), "port", port)
+		got.eq(t, "moat_syncookie_accept_queue_full_total", counterT, float64(p.AcceptQueueFull), "port", port)
 		got.eq(t, "moat_syncookie_syns_dropped_total", counterT, float64(p.SYNsDropped), "port", port)
 		got.eq(t, "moat_syncookie_syns_passed_total", counterT, float64(p.SYNsPassed), "port", port)
 		got.eq(t, "moat_syncookie_stale_key_syns_total", counterT, float64(p.StaleKeySYNs), "port", port)

@@ -308,12 +308,15 @@ func (s *Shield) replaceMap(name, path string, old *ebpf.Map, migrate func(s *Sh
 }
 
 // carrySynCounters copies every protected port's counters (per CPU, by
-// slot), which lead struct syn_port_stats in every version; the fields
-// after them are the data path's flood windows and caches, which start
-// afresh, but for census_from: an older value may not hold it, so every
-// slot waits for the next census pass, as a port protected now would.
+// slot), which lead struct syn_port_stats in every version, and
+// accept_queue_full, which follows the caches, where a value long enough
+// to hold it has it; the fields between are the data path's flood windows
+// and caches, which start afresh, but for census_from: an older value may
+// not hold it, so every slot waits for the next census pass, as a port
+// protected now would.
 func carrySynCounters(s *Shield, old, cur *ebpf.Map) error {
 	n := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.WinStartNs))
+	full := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.AcceptQueueFull))
 	if int(old.ValueSize()) < n {
 		return fmt.Errorf("values of %d bytes hold no counters of %d", old.ValueSize(), n)
 	}
@@ -332,6 +335,9 @@ func carrySynCounters(s *Shield, old, cur *ebpf.Map) error {
 		for cpu, v := range in {
 			out[cpu] = make([]byte, cur.ValueSize())
 			copy(out[cpu], v[:n])
+			if len(v) >= full+8 {
+				copy(out[cpu][full:full+8], v[full:])
+			}
 			copy(out[cpu][fromAt:], from)
 		}
 		if err := cur.Update(slot, out, ebpf.UpdateAny); err != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -294,97 +295,115 @@ func TestAttachAfterTheInterfaceWasMadeAgain(t *testing.T) {
 }
 
 // TestOpenTakesOverResizedSynCounters checks the upgrade from state whose
-// syn_counters values an older moat made smaller (its data path kept fewer
-// per-CPU caches after the counters): Open replaces the map with one of
-// this version's shape and carries every port's counters over; a filter
-// still attached from before counts in the old map, which Open names,
-// until attach replaces it.
+// syn_counters values another moat made another size (its data path kept
+// fewer per-CPU caches after the counters, or more after
+// accept_queue_full): Open replaces the map with one of this version's
+// shape and carries every port's counters over; a filter still attached
+// from before counts in the old map, which Open names, until attach
+// replaces it.
 func TestOpenTakesOverResizedSynCounters(t *testing.T) {
-	s := openFresh(t)
-	root := s.Root()
-	a, _ := vethPair(t)
-	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
-		t.Fatal(err)
-	}
-	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
-	if err := syncookie.Protect(ports, counters, s.Map(datapath.MoatMapSynCensus), 443, syncookie.ModeAlways, 0); err != nil {
-		t.Fatal(err)
-	}
-	pe, err := syncookie.ProtectedPorts(ports)
-	if err != nil || len(pe) != 1 {
-		t.Fatalf("protected ports %v (%v)", pe, err)
-	}
-	slot := uint32(pe[0].Entry.Slot)
-
-	// The older shape: 200-byte values, counters first.
-	const oldSize = 200
-	older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: oldSize, MaxEntries: counters.MaxEntries()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer older.Close()
-	vals := make([][]byte, ebpf.MustPossibleCPU())
-	for cpu := range vals {
-		vals[cpu] = make([]byte, oldSize)
-		binary.NativeEndian.PutUint64(vals[cpu][0:], 7)  // syns
-		binary.NativeEndian.PutUint64(vals[cpu][8:], 5)  // cookies_issued
-		binary.NativeEndian.PutUint64(vals[cpu][64:], 2) // syns_passed
-		for i := 72; i < oldSize; i++ {
-			vals[cpu][i] = 0xee // the old data path's windows and caches
-		}
-	}
-	if err := older.Update(slot, vals, ebpf.UpdateAny); err != nil {
-		t.Fatal(err)
-	}
-	pinInstead(t, root, datapath.MoatMapSynCounters, older)
-	s.Close()
-
-	ncpu := uint64(ebpf.MustPossibleCPU())
-	for round := 0; round < 2; round++ { // the second Open finds nothing to do
-		s, err = shield.Open(root)
-		if err != nil {
-			t.Fatalf("round %d: open state with smaller syn_counters values: %v", round, err)
-		}
-		m := s.Map(datapath.MoatMapSynCounters)
-		if want := uint32(binary.Size(datapath.MoatSynPortStats{})); m.ValueSize() != want {
-			t.Errorf("round %d: syn_counters values of %d bytes, want %d", round, m.ValueSize(), want)
-		}
-		st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(st) != 1 || st[0].SYNs != 7*ncpu || st[0].CookiesIssued != 5*ncpu || st[0].SYNsPassed != 2*ncpu {
-			t.Errorf("round %d: status %+v, want the old counters of tcp/443", round, st)
-		}
-		var per []datapath.MoatSynPortStats
-		if err := m.Lookup(slot, &per); err != nil {
-			t.Fatal(err)
-		}
-		if per[0].ClockJiffies != 0 || per[0].WinSyns != 0 {
-			t.Errorf("round %d: the old caches came along: %+v", round, per[0])
-		}
-		// The old value says nothing of the census: the port waits for
-		// the first pass after the upgrade (generation 0 + 1 here).
-		for cpu := range per {
-			if per[cpu].CensusFrom != 1 {
-				t.Errorf("round %d: cpu %d census_from %d, want 1", round, cpu, per[cpu].CensusFrom)
+	queueFullAt := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.AcceptQueueFull))
+	size := binary.Size(datapath.MoatSynPortStats{})
+	for _, tc := range []struct {
+		name      string
+		size      int    // of the pinned values
+		queueFull uint64 // accept_queue_full carried, per CPU
+	}{
+		{"older, before accept_queue_full", 200, 0},
+		{"newer, more after accept_queue_full", size + 16, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openFresh(t)
+			root := s.Root()
+			a, _ := vethPair(t)
+			if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+				t.Fatal(err)
 			}
-		}
-		if s.SynOlderFilter != a {
-			t.Errorf("round %d: older filter %q, want %s, which still counts in the old map", round, s.SynOlderFilter, a)
-		}
-		s.Close()
-	}
-	s, err = shield.Open(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Attach(a, shield.ModeAuto); err != nil {
-		t.Fatal(err)
-	}
-	if s.SynOlderFilter != "" {
-		t.Errorf("after replacing the filter, older filter %q still named", s.SynOlderFilter)
+			ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)
+			if err := syncookie.Protect(ports, counters, s.Map(datapath.MoatMapSynCensus), 443, syncookie.ModeAlways, 0); err != nil {
+				t.Fatal(err)
+			}
+			pe, err := syncookie.ProtectedPorts(ports)
+			if err != nil || len(pe) != 1 {
+				t.Fatalf("protected ports %v (%v)", pe, err)
+			}
+			slot := uint32(pe[0].Entry.Slot)
+
+			// The other shape: counters first, then the other data path's
+			// windows and caches (and accept_queue_full, where it fits).
+			older, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: uint32(tc.size), MaxEntries: counters.MaxEntries()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer older.Close()
+			vals := make([][]byte, ebpf.MustPossibleCPU())
+			for cpu := range vals {
+				vals[cpu] = make([]byte, tc.size)
+				binary.NativeEndian.PutUint64(vals[cpu][0:], 7)  // syns
+				binary.NativeEndian.PutUint64(vals[cpu][8:], 5)  // cookies_issued
+				binary.NativeEndian.PutUint64(vals[cpu][64:], 2) // syns_passed
+				for i := 72; i < tc.size; i++ {
+					vals[cpu][i] = 0xee
+				}
+				if tc.queueFull != 0 {
+					binary.NativeEndian.PutUint64(vals[cpu][queueFullAt:], tc.queueFull)
+				}
+			}
+			if err := older.Update(slot, vals, ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+			pinInstead(t, root, datapath.MoatMapSynCounters, older)
+			s.Close()
+
+			ncpu := uint64(ebpf.MustPossibleCPU())
+			for round := 0; round < 2; round++ { // the second Open finds nothing to do
+				s, err = shield.Open(root)
+				if err != nil {
+					t.Fatalf("round %d: open state with syn_counters values of %d bytes: %v", round, tc.size, err)
+				}
+				m := s.Map(datapath.MoatMapSynCounters)
+				if m.ValueSize() != uint32(size) {
+					t.Errorf("round %d: syn_counters values of %d bytes, want %d", round, m.ValueSize(), size)
+				}
+				st, err := syncookie.Status(s.Map(datapath.MoatMapSynPorts), m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(st) != 1 || st[0].SYNs != 7*ncpu || st[0].CookiesIssued != 5*ncpu || st[0].SYNsPassed != 2*ncpu ||
+					st[0].AcceptQueueFull != tc.queueFull*ncpu {
+					t.Errorf("round %d: status %+v, want the old counters of tcp/443", round, st)
+				}
+				var per []datapath.MoatSynPortStats
+				if err := m.Lookup(slot, &per); err != nil {
+					t.Fatal(err)
+				}
+				if per[0].ClockJiffies != 0 || per[0].WinSyns != 0 || per[0].ListenerMss != 0 {
+					t.Errorf("round %d: the old caches came along: %+v", round, per[0])
+				}
+				// The old value says nothing of the census: the port waits for
+				// the first pass after the upgrade (generation 0 + 1 here).
+				for cpu := range per {
+					if per[cpu].CensusFrom != 1 {
+						t.Errorf("round %d: cpu %d census_from %d, want 1", round, cpu, per[cpu].CensusFrom)
+					}
+				}
+				if s.SynOlderFilter != a {
+					t.Errorf("round %d: older filter %q, want %s, which still counts in the old map", round, s.SynOlderFilter, a)
+				}
+				s.Close()
+			}
+			s, err = shield.Open(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if _, err := s.Attach(a, shield.ModeAuto); err != nil {
+				t.Fatal(err)
+			}
+			if s.SynOlderFilter != "" {
+				t.Errorf("after replacing the filter, older filter %q still named", s.SynOlderFilter)
+			}
+		})
 	}
 }
 

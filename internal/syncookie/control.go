@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -173,14 +174,16 @@ type Config struct {
 	Hold           time.Duration // auto mode: cookie mode lasts this long after the flood (default 10s)
 	CookieLifetime time.Duration // tc looks for cookies this long after a flood (default 4m; >= 2 rotations)
 	MSSv4, MSSv6   uint16        // the most MSS moat announces (default: what the device and listener take, as the kernel)
-	WScale         uint8         // window scale moat announces (default 7)
+	WScale         uint8         // window scale moat announces (default: the kernel's for the listener)
 	// RotationPeriod is how often the control plane calls Rotate (default
 	// DefaultRotation). The data path stops issuing cookies when the last
 	// rotation is older than StaleAfter(RotationPeriod).
 	RotationPeriod time.Duration
 }
 
-// Configure writes the settings.
+// Configure writes the settings, with net.core.rmem_max as it is now: the
+// kernel's window scale for a handshake depends on it, and the data path
+// cannot read it.
 func Configure(settings *ebpf.Map, c Config) error {
 	v := datapath.MoatSynConfig{
 		HoldNs:           uint64(c.Hold),
@@ -195,6 +198,13 @@ func Configure(settings *ebpf.Map, c Config) error {
 	}
 	if c.WScale > 14 {
 		return fmt.Errorf("window scale %d: at most 14", c.WScale)
+	}
+	rmemMax, err := readSysctl("net/core/rmem_max")
+	if err != nil {
+		return err
+	}
+	if rmemMax > 0 {
+		v.RmemMaxLog2 = uint8(bits.Len64(rmemMax) - 1)
 	}
 	if err := settings.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write syn settings: %w", err)
@@ -566,6 +576,13 @@ type PortStatus struct {
 	SYNsDropped     uint64    `json:"syns_dropped"`
 	SYNsPassed      uint64    `json:"syns_passed"`
 	StaleKeySYNs    uint64    `json:"stale_key_syns"`
+	// Valid cookies handed over while the listener's accept queue was
+	// full: the kernel drops the connection (its ListenOverflows) and
+	// the client sends again. Not in CookiesAccepted. tc judges a whole
+	// receive batch before the stack takes any of it in, so handshakes
+	// that fill the queue within one batch count as accepted: this is
+	// a lower bound of the kernel's ListenOverflows for the port.
+	AcceptQueueFull uint64 `json:"accept_queue_full"`
 }
 
 // Status reads the protected ports and sums their per-CPU counters.
@@ -611,6 +628,7 @@ func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
 			s.CookiesRejected += c.CookiesRejected
 			s.ACKsDropped += c.AcksDropped
 			s.AcceptErrors += c.AcceptErrors
+			s.AcceptQueueFull += c.AcceptQueueFull
 			s.SYNsDropped += c.SynsDropped
 			s.SYNsPassed += c.SynsPassed
 			s.StaleKeySYNs += c.StaleKeySyns
@@ -657,6 +675,21 @@ var sysctlsRead = []struct {
 // the namespace turned off, which moat then does not offer either.
 func CheckSysctls() (notes []string, err error) {
 	return checkSysctlsIn("/proc/sys/net/ipv4")
+}
+
+// readSysctl reads a numeric sysctl under /proc/sys, as path
+// "net/core/rmem_max".
+func readSysctl(path string) (uint64, error) {
+	name := strings.ReplaceAll(path, "/", ".")
+	b, err := os.ReadFile(filepath.Join("/proc/sys", path))
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", name, err)
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %q is not a number", name, b)
+	}
+	return v, nil
 }
 
 func checkSysctlsIn(dir string) (notes []string, err error) {

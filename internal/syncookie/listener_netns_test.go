@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -18,8 +19,10 @@ import (
 // listener's TCP_MAXSEG bounds the MSS announced to the client and the
 // MSS the server sends with, and the SYN-ACK announces the window the
 // kernel's would (SO_RCVBUF, TCP_WINDOW_CLAMP on the listener), which the
-// server's socket then takes. moat used to announce its fixed MSS and a
-// window of 65535 whatever the listener. A TCP_MAXSEG below the
+// server's socket then takes, and the window scale the kernel's would
+// (those options, the namespace's tcp_rmem, net.core.rmem_max). moat used
+// to announce its fixed MSS, a window of 65535 and a window scale of 7
+// whatever the listener. A TCP_MAXSEG below the
 // family's least MSS (536 for IPv4, 1220 for IPv6) is the one
 // difference: the server sends segments of that least MSS, where the
 // kernel's handshake gives it the TCP_MAXSEG (the client still sends the
@@ -30,28 +33,42 @@ func TestHandshakeFollowsTheListener(t *testing.T) {
 	maxseg := func(mss int) func(fd int) error {
 		return func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG, mss) }
 	}
+	rcvbuf := func(n int) func(fd int) error {
+		return func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, n) }
+	}
+	clamp := func(n int) func(fd int) error {
+		return func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, n) }
+	}
 	for _, tc := range []struct {
 		name    string
 		network string // tcp4 or tcp6
 		opt     func(fd int) error
+		rmem    string // the server namespace's net.ipv4.tcp_rmem meanwhile, if set
 		// srvMSS, when set, is the MSS the server's socket takes after a
 		// moat handshake, where it cannot be the kernel's: the kfunc takes
 		// no MSS below 536 (IPv4) or 1220 (IPv6), which a TCP_MAXSEG below
 		// that caps at.
 		srvMSS uint32
 	}{
-		{"no option", "tcp4", nil, 0},
-		{"TCP_MAXSEG 1000", "tcp4", maxseg(1000), 0},
-		{"TCP_MAXSEG 300", "tcp4", maxseg(300), 536},
-		{"SO_RCVBUF 4096", "tcp4", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) }, 0},
-		{"TCP_WINDOW_CLAMP 8192", "tcp4", func(fd int) error {
-			return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, 8192)
-		}, 0},
-		{"ipv6 no option", "tcp6", nil, 0},
+		{"no option", "tcp4", nil, "", 0},
+		{"TCP_MAXSEG 1000", "tcp4", maxseg(1000), "", 0},
+		{"TCP_MAXSEG 300", "tcp4", maxseg(300), "", 536},
+		{"SO_RCVBUF 4096", "tcp4", rcvbuf(4096), "", 0},
+		{"SO_RCVBUF 1 MiB", "tcp4", rcvbuf(1 << 20), "", 0},
+		{"TCP_WINDOW_CLAMP 8192", "tcp4", clamp(8192), "", 0},
+		{"TCP_WINDOW_CLAMP 300000", "tcp4", clamp(300000), "", 0},
+		// The window scale of the larger of tcp_rmem's maximum and
+		// net.core.rmem_max.
+		{"tcp_rmem up to 256 KiB", "tcp4", nil, "4096 131072 262144", 0},
+		{"tcp_rmem up to 64 MiB", "tcp4", nil, "4096 131072 67108864", 0},
+		{"ipv6 no option", "tcp6", nil, "", 0},
 		// Above IPv4's least MSS, below IPv6's.
-		{"ipv6 TCP_MAXSEG 1000", "tcp6", maxseg(1000), 1220},
+		{"ipv6 TCP_MAXSEG 1000", "tcp6", maxseg(1000), "", 1220},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.rmem != "" {
+				s.setServerSysctl(t, "net/ipv4/tcp_rmem", tc.rmem)
+			}
 			type res struct{ cli, srv sockInfo }
 			got := map[uint16]res{}
 			for _, port := range []uint16{labPort, plainPort} {
@@ -106,6 +123,12 @@ func TestHandshakeFollowsTheListener(t *testing.T) {
 			}
 			if m.cli.Snd_wnd > m.srv.Rcv_wnd+uint32(m.srv.Advmss) {
 				t.Errorf("the client was told a window of %d, the server's socket takes %d", m.cli.Snd_wnd, m.srv.Rcv_wnd)
+			}
+			t.Logf("window scale: moat %d (client told %d), kernel %d (client told %d)",
+				m.srv.rcvWScale, m.cli.sndWScale, k.srv.rcvWScale, k.cli.sndWScale)
+			if m.srv.rcvWScale != k.srv.rcvWScale || m.cli.sndWScale != m.srv.rcvWScale {
+				t.Errorf("window scale %d after a moat handshake (client told %d), %d after the kernel's",
+					m.srv.rcvWScale, m.cli.sndWScale, k.srv.rcvWScale)
 			}
 		})
 	}
@@ -230,6 +253,27 @@ func (s *shielded) listenTCP(t *testing.T, network string, port uint16, opt func
 		t.Fatal(err)
 	}
 	return ln
+}
+
+// setServerSysctl writes a sysctl of the server's namespace (path under
+// /proc/sys) and puts the old value back when the test ends.
+func (s *shielded) setServerSysctl(t *testing.T, path, value string) {
+	t.Helper()
+	file := "/proc/sys/" + path
+	var old []byte
+	if err := s.lab.Server.Do(func() (err error) {
+		if old, err = os.ReadFile(file); err != nil {
+			return err
+		}
+		return os.WriteFile(file, []byte(value), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.lab.Server.Do(func() error { return os.WriteFile(file, old, 0) }); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 // dialTCP connects from the client to port on the server over network

@@ -100,10 +100,12 @@ func inScratchNetns(t testing.TB, fn func()) {
 
 // testMTU is lo's MTU in a scratch namespace; testWindowClamp is the
 // TCP_WINDOW_CLAMP of listen's listeners, which bounds the window moat's
-// SYN-ACKs announce.
+// SYN-ACKs announce, and their window scale: testWScale, none, since the
+// clamp fits in 16 bits.
 const (
 	testMTU         = 1500
 	testWindowClamp = 20000
+	testWScale      = 0
 )
 
 // listen opens a dual-stack listener on port in the namespace of the
@@ -264,7 +266,7 @@ func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k 
 		opts = append(opts, testpkt.TCPNOP(), testpkt.TCPNOP(), testpkt.SACKPermitted())
 	}
 	if o.hasWScale {
-		opts = append(opts, testpkt.TCPNOP(), testpkt.WindowScale(7))
+		opts = append(opts, testpkt.TCPNOP(), testpkt.WindowScale(testWScale))
 	}
 	// The listener's window clamp, in whole segments of what the client
 	// sends: the MSS less the timestamps it carries.
