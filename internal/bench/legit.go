@@ -128,10 +128,10 @@ func (b *Bench) legit(ctx context.Context) (*LegitResult, error) {
 		// a NIC's ring: the attacker's rate no longer depends on the
 		// defence, and what the server does not take in time is dropped
 		// at the full ring, whoever sent it.
-		if err := b.setThreadedNAPI(ctx, true); err != nil {
+		if err := setThreadedNAPI(ctx, b.lab.Server, b.serverIf().Name, true); err != nil {
 			return res, err
 		}
-		defer b.setThreadedNAPI(context.WithoutCancel(ctx), false)
+		defer setThreadedNAPI(context.WithoutCancel(ctx), b.lab.Server, b.serverIf().Name, false)
 		res.Receive = fmt.Sprintf("threaded NAPI on the server's %s: the server takes frames off the veth's ring (256 frames) in a kernel thread at normal priority, which the scheduler runs beside the generator's CPU; frames that find the ring full are dropped at the attacker's end (counted as delivered: attacker's tx_queue_*_xdp_xmit)", b.serverIf().Name)
 	} else {
 		res.Receive = "the server takes the flood inside the generator's batches on CPU 0 (the drop path's mode)"
@@ -355,19 +355,19 @@ func (b *Bench) floodDelivered(ctx context.Context) (uint64, error) {
 	return vethStat(ctx, b.lab.Attacker, b.attackerIf().Name, "tx_queue_", "_xdp_xmit")
 }
 
-// setThreadedNAPI turns threaded NAPI on or off for the server's
-// attacker-facing veth. The attribute is only in sysfs, which shows the
-// devices of the namespace it was mounted in, so the write goes through
-// ip netns exec, which mounts a sysfs of the namespace for the command.
-func (b *Bench) setThreadedNAPI(ctx context.Context, on bool) error {
+// setThreadedNAPI turns threaded NAPI on or off for dev in host. The
+// attribute is only in sysfs, which shows the devices of the namespace it
+// was mounted in, so the write goes through ip netns exec, which mounts a
+// sysfs of the namespace for the command.
+func setThreadedNAPI(ctx context.Context, host *lab.Host, dev string, on bool) error {
 	v := "0"
 	if on {
 		v = "1"
 	}
-	script := fmt.Sprintf("echo %s > /sys/class/net/%s/threaded", v, b.serverIf().Name)
-	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", b.lab.Server.Name, "sh", "-c", script).CombinedOutput()
+	script := fmt.Sprintf("echo %s > /sys/class/net/%s/threaded", v, dev)
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", host.Name, "sh", "-c", script).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("threaded NAPI on %s: %v: %s", b.serverIf().Name, err, out)
+		return fmt.Errorf("threaded NAPI on %s: %v: %s", dev, err, out)
 	}
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/lab"
 )
 
 // The netdev generic netlink family (include/uapi/linux/netdev.h): a dump
@@ -31,12 +33,15 @@ const pfKthread = 0x00200000
 // taskCommLen is TASK_COMM_LEN: a kernel thread's name keeps 15 bytes.
 const taskCommLen = 16
 
-// pinnedNAPI is threaded NAPI on the server's attacker-facing veth with its
-// kernel threads pinned to one CPU, apart from the generator's: the server
-// then takes the flood on a CPU of its own, and what it answers per second
-// is that CPU's capacity rather than a share of the generator's.
+// pinnedNAPI is threaded NAPI on one veth end with its kernel threads
+// pinned to one CPU. On the server's attacker-facing veth, pinned apart
+// from the generator's CPU, the server takes the flood on a CPU of its own,
+// and what it answers per second is that CPU's capacity rather than a
+// share of the generator's.
 type pinnedNAPI struct {
 	b       *Bench
+	host    *lab.Host
+	dev     lab.Iface
 	cpu     int
 	how     string
 	threads []napiThread
@@ -69,24 +74,56 @@ func generatorAndServerCPUs() (gen, srv int, err error) {
 }
 
 // pinNAPI turns threaded NAPI on for the server's attacker-facing veth and
-// pins the device's NAPI threads to the CPU after the generator's. The
-// threads are those the kernel names for the device over netlink (netdev
-// NAPI_GET); on a kernel that does not say, the napi/ kernel threads that
-// appeared when threaded mode went on and whose name fits the device.
-func (b *Bench) pinNAPI(ctx context.Context) (_ *pinnedNAPI, err error) {
+// pins the device's NAPI threads to the CPU after the generator's.
+func (b *Bench) pinNAPI(ctx context.Context) (*pinnedNAPI, error) {
 	_, cpu, err := generatorAndServerCPUs()
 	if err != nil {
 		return nil, err
 	}
-	dev := b.serverIf().Name
+	return b.pinDeviceNAPI(ctx, b.lab.Server, b.serverIf(), cpu)
+}
+
+// pinReturnNAPI turns threaded NAPI on for the attacker's veth, which takes
+// what the server sends back, and pins its threads to the generator's CPU.
+// A veth runs its peer's NAPI for frames sent with XDP_TX on the sending
+// CPU: without this, the server's CPU would also pay for taking its own
+// SYN-ACKs in at the attacker's end and for handing their pages back to the
+// generator's page pool, across CPUs, while the generator on the other CPU
+// recycles pages into the same pool. A server's SYN-ACKs leave by a NIC,
+// and the hosts they go to pay for receiving them.
+func (b *Bench) pinReturnNAPI(ctx context.Context) (*pinnedNAPI, error) {
+	gen, _, err := generatorAndServerCPUs()
+	if err != nil {
+		return nil, err
+	}
+	p, err := b.pinDeviceNAPI(ctx, b.lab.Attacker, b.attackerIf(), gen)
+	if err != nil {
+		return p, err
+	}
+	for _, t := range p.threads {
+		attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: 1}
+		if err := unix.SchedSetAttr(t.pid, &attr, 0); err != nil {
+			return p, errors.Join(fmt.Errorf("run %s (pid %d) at real-time priority: %w", t.comm, t.pid, err), p.release(context.WithoutCancel(ctx)))
+		}
+	}
+	return p, nil
+}
+
+// pinDeviceNAPI turns threaded NAPI on for dev in host and pins the
+// device's NAPI threads to cpu. The threads are those the kernel names for
+// the device over netlink (netdev NAPI_GET); on a kernel that does not say,
+// the napi/ kernel threads that appeared when threaded mode went on and
+// whose name fits the device.
+func (b *Bench) pinDeviceNAPI(ctx context.Context, host *lab.Host, iface lab.Iface, cpu int) (_ *pinnedNAPI, err error) {
+	dev := iface.Name
 	before, err := napiKernelThreads()
 	if err != nil {
 		return nil, err
 	}
-	if err := b.setThreadedNAPI(ctx, true); err != nil {
+	if err := setThreadedNAPI(ctx, host, dev, true); err != nil {
 		return nil, err
 	}
-	p := &pinnedNAPI{b: b, cpu: cpu}
+	p := &pinnedNAPI{b: b, host: host, dev: iface, cpu: cpu}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.release(context.WithoutCancel(ctx)))
@@ -97,9 +134,9 @@ func (b *Bench) pinNAPI(ctx context.Context) (_ *pinnedNAPI, err error) {
 		return nil, err
 	}
 	var pids []int
-	nlErr := b.lab.Server.Do(func() error {
+	nlErr := host.Do(func() error {
 		var err error
-		pids, err = napiThreadPIDs(b.serverIf().Index)
+		pids, err = napiThreadPIDs(iface.Index)
 		return err
 	})
 	prefix := napiCommPrefix(dev)
@@ -311,7 +348,7 @@ func (p *pinnedNAPI) release(ctx context.Context) error {
 		}
 	}
 	p.threads = nil
-	return errors.Join(append(errs, p.b.setThreadedNAPI(ctx, false))...)
+	return errors.Join(append(errs, setThreadedNAPI(ctx, p.host, p.dev.Name, false))...)
 }
 
 // napiCommPrefix is how the names of a device's NAPI threads start: the
