@@ -389,6 +389,9 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if err := syncookie.NoteRmemMax(sm.settings); err != nil {
+					return err
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "key rotation %d\n", gen)
 				if every == 0 {
 					// One rotation: say how long its keys are good for.

@@ -600,10 +600,11 @@ func (d *Daemon) rotate() {
 func (d *Daemon) rotateLocked() {
 	err := d.withShield(func(s *shield.Shield) error {
 		gen, err := syncookie.Rotate(s.Map(datapath.MoatMapSynKeys), s.Map(datapath.MoatMapSynRotation))
-		if err == nil {
-			d.log.Debug("rotated SYN cookie key", "generation", gen)
+		if err != nil {
+			return err
 		}
-		return err
+		d.log.Debug("rotated SYN cookie key", "generation", gen)
+		return syncookie.NoteRmemMax(s.Map(datapath.MoatMapSynSettings))
 	})
 	if err != nil {
 		d.log.Error("rotate SYN cookie key", "err", err)

@@ -199,12 +199,9 @@ func Configure(settings *ebpf.Map, c Config) error {
 	if c.WScale > 14 {
 		return fmt.Errorf("window scale %d: at most 14", c.WScale)
 	}
-	rmemMax, err := readSysctl("net/core/rmem_max")
-	if err != nil {
+	var err error
+	if v.RmemMaxLog2, err = rmemMaxLog2(); err != nil {
 		return err
-	}
-	if rmemMax > 0 {
-		v.RmemMaxLog2 = uint8(bits.Len64(rmemMax) - 1)
 	}
 	if err := settings.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write syn settings: %w", err)
@@ -227,6 +224,37 @@ func SetRotationPeriod(settings *ebpf.Map, period time.Duration) error {
 		return fmt.Errorf("write syn settings: %w", err)
 	}
 	return nil
+}
+
+// NoteRmemMax writes net.core.rmem_max as it is now to the settings, if it
+// changed: the rotators call it at every rotation, so that a changed
+// sysctl reaches the data path's window scale within a rotation period.
+func NoteRmemMax(settings *ebpf.Map) error {
+	lg, err := rmemMaxLog2()
+	if err != nil {
+		return err
+	}
+	var v datapath.MoatSynConfig
+	if err := settings.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("read syn settings: %w", err)
+	}
+	if v.RmemMaxLog2 == lg {
+		return nil
+	}
+	v.RmemMaxLog2 = lg
+	if err := settings.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write syn settings: %w", err)
+	}
+	return nil
+}
+
+// rmemMaxLog2 is floor(log2(net.core.rmem_max)), 0 for 0.
+func rmemMaxLog2() (uint8, error) {
+	n, err := readSysctl("net/core/rmem_max")
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	return uint8(bits.Len64(n) - 1), nil
 }
 
 // KeyStatus is the state of key rotation; key material is never read (the
