@@ -201,27 +201,15 @@ static __always_inline __u8 syn_log2(__u64 v)
 {
 	__u8 r = 0;
 
-	if (v >> 32) {
-		v >>= 32;
-		r += 32;
+	/* A binary search over the bit positions: 6 steps. */
+#pragma unroll
+	for (int step = 32; step; step >>= 1) {
+		if (v >> step) {
+			v >>= step;
+			r += step;
+		}
 	}
-	if (v >> 16) {
-		v >>= 16;
-		r += 16;
-	}
-	if (v >> 8) {
-		v >>= 8;
-		r += 8;
-	}
-	if (v >> 4) {
-		v >>= 4;
-		r += 4;
-	}
-	if (v >> 2) {
-		v >>= 2;
-		r += 2;
-	}
-	return r + (v >> 1 ? 1 : 0);
+	return r;
 }
 
 /* sk_userlocks: the owner set SO_RCVBUF (include/net/sock.h). */
