@@ -199,17 +199,20 @@ static __always_inline __u32 syn_listener_space(const struct tcp_sock *tsk)
 /* floor(log2(v)), 0 for 0. */
 static __always_inline __u8 syn_log2(__u64 v)
 {
-	__u8 r = 0;
-
-	/* A binary search over the bit positions: 6 steps. */
-#pragma unroll
-	for (int step = 32; step; step >>= 1) {
-		if (v >> step) {
-			v >>= step;
-			r += step;
-		}
-	}
-	return r;
+	/* Without a branch, which the verifier would follow both ways at
+	 * every step: every bit below the highest set, then the count of set
+	 * bits less one. v | 1 makes 0 count as 1. */
+	v |= 1;
+	v |= v >> 1;
+	v |= v >> 2;
+	v |= v >> 4;
+	v |= v >> 8;
+	v |= v >> 16;
+	v |= v >> 32;
+	v -= (v >> 1) & 0x5555555555555555ULL;
+	v = (v & 0x3333333333333333ULL) + ((v >> 2) & 0x3333333333333333ULL);
+	v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+	return ((v * 0x0101010101010101ULL) >> 56) - 1;
 }
 
 /* sk_userlocks: the owner set SO_RCVBUF (include/net/sock.h). */
