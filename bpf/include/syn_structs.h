@@ -179,9 +179,9 @@ struct syn_port_stats {
 	/* Valid cookie ACKs handed to the kernel while the listener's accept
 	 * queue was full: the stack drops the connection the request socket
 	 * would make (its ListenOverflows) and the client sends again; not in
-	 * cookies_accepted. tc sees a whole receive batch before the stack
-	 * takes any of it in, so handshakes that fill the queue within one
-	 * batch count as accepted: a lower bound of the kernel's count. Here
+	 * cookies_accepted. tc's view as the ACK passes: tc sees a whole
+	 * receive batch before the stack takes any of it in, so the split
+	 * may differ from the stack's; the sum of the two is exact. Here
 	 * rather than with the counters above, whose place older layouts
 	 * share (carrySynCounters); fields added later go after it. */
 	__u64 accept_queue_full;

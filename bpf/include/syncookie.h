@@ -220,7 +220,10 @@ static __always_inline __u8 syn_log2(__u64 v)
 
 /* The logarithms a listener's window scale depends on (struct
  * syn_scale_logs). tcp_openreq_init_rwin and tcp_select_initial_window
- * reckon so; a route's window metric is not looked at. */
+ * reckon so; a route's window metric is not looked at, and the buffer's
+ * window is taken before the kernel rounds it down to whole segments,
+ * which lowers its log only when it is a power of two above tcp_rmem's
+ * maximum and net.core.rmem_max (SO_RCVBUFFORCE). */
 static __always_inline struct syn_scale_logs syn_listener_scale(const struct tcp_sock *tsk)
 {
 	const struct tcp_sock___moat *tp = (const void *)tsk;

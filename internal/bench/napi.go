@@ -51,6 +51,9 @@ type napiThread struct {
 	pid   int
 	comm  string
 	saved unix.CPUSet // affinity before pinning, put back on release
+	// The scheduling policy before it was raised, put back on release:
+	// a kernel before 6.17 keeps the thread when threaded NAPI goes off.
+	sched *unix.SchedAttr
 }
 
 // generatorAndServerCPUs are the CPUs the generator and the server's NAPI
@@ -100,9 +103,15 @@ func (b *Bench) pinReturnNAPI(ctx context.Context) (*pinnedNAPI, error) {
 	if err != nil {
 		return p, err
 	}
-	for _, t := range p.threads {
-		attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: 1}
-		if err := unix.SchedSetAttr(t.pid, &attr, 0); err != nil {
+	for i := range p.threads {
+		t := &p.threads[i]
+		old, err := unix.SchedGetAttr(t.pid, 0)
+		if err == nil {
+			t.sched = old
+			attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: 1}
+			err = unix.SchedSetAttr(t.pid, &attr, 0)
+		}
+		if err != nil {
 			return p, errors.Join(fmt.Errorf("run %s (pid %d) at real-time priority: %w", t.comm, t.pid, err), p.release(context.WithoutCancel(ctx)))
 		}
 	}
@@ -345,6 +354,12 @@ func (p *pinnedNAPI) release(ctx context.Context) error {
 	for _, t := range p.threads {
 		if err := unix.SchedSetaffinity(t.pid, &t.saved); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("restore the CPUs of %s (pid %d): %w", t.comm, t.pid, err))
+		}
+		if t.sched == nil {
+			continue
+		}
+		if err := unix.SchedSetAttr(t.pid, t.sched, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("restore the scheduling policy of %s (pid %d): %w", t.comm, t.pid, err))
 		}
 	}
 	p.threads = nil

@@ -389,10 +389,12 @@ func newSynRotateCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if err := syncookie.NoteRmemMax(sm.settings); err != nil {
-					return err
-				}
 				fmt.Fprintf(cmd.OutOrStdout(), "key rotation %d\n", gen)
+				// Not a reason to stop rotating: the window scale only
+				// misses a changed sysctl.
+				if err := syncookie.NoteRmemMax(sm.settings); err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: net.core.rmem_max not passed to the data path: %v\n", err)
+				}
 				if every == 0 {
 					// One rotation: say how long its keys are good for.
 					if ks, err := syncookie.Keys(sm.rotation, sm.settings); err == nil {

@@ -604,7 +604,10 @@ func (d *Daemon) rotateLocked() {
 			return err
 		}
 		d.log.Debug("rotated SYN cookie key", "generation", gen)
-		return syncookie.NoteRmemMax(s.Map(datapath.MoatMapSynSettings))
+		if err := syncookie.NoteRmemMax(s.Map(datapath.MoatMapSynSettings)); err != nil {
+			d.log.Warn("pass net.core.rmem_max to the data path", "err", err)
+		}
+		return nil
 	})
 	if err != nil {
 		d.log.Error("rotate SYN cookie key", "err", err)

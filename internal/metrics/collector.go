@@ -133,7 +133,7 @@ var (
 	synAcceptErrorsDesc = desc("moat_syncookie_accept_errors_total",
 		"Valid cookies whose handshake the kernel refused: an MPTCP listener, or tcp_syncookies or tcp_window_scaling turned off between SYN-ACK and ACK.", "port")
 	synQueueFullDesc = desc("moat_syncookie_accept_queue_full_total",
-		"Valid cookies whose handshake came while the listener's accept queue was full: the kernel dropped the connection (TcpExt ListenOverflows) and the client sends again. Not in moat_syncookie_cookies_accepted_total. Handshakes that fill the queue within one receive batch count as accepted, so this is a lower bound of the kernel's count.", "port")
+		"Valid cookies whose handshake came while the listener's accept queue was full: the kernel dropped the connection (TcpExt ListenOverflows) and the client sends again. Not in moat_syncookie_cookies_accepted_total. tc's view as the handshake passes, which the stack may overtake within a receive batch; the sum of the two is exact.", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -248,9 +249,15 @@ func NoteRmemMax(settings *ebpf.Map) error {
 	return nil
 }
 
-// rmemMaxLog2 is floor(log2(net.core.rmem_max)), 0 for 0.
+// rmemMaxLog2 is floor(log2(net.core.rmem_max)), 0 for 0 or when a
+// network namespace does not show the sysctl (kernels before 6.10 show it
+// only in the host's): the data path then scales for tcp_rmem's maximum
+// and the listener alone, which is nearly always what decides.
 func rmemMaxLog2() (uint8, error) {
 	n, err := readSysctl("net/core/rmem_max")
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
 	if err != nil || n == 0 {
 		return 0, err
 	}
@@ -606,10 +613,11 @@ type PortStatus struct {
 	StaleKeySYNs    uint64    `json:"stale_key_syns"`
 	// Valid cookies handed over while the listener's accept queue was
 	// full: the kernel drops the connection (its ListenOverflows) and
-	// the client sends again. Not in CookiesAccepted. tc judges a whole
-	// receive batch before the stack takes any of it in, so handshakes
-	// that fill the queue within one batch count as accepted: this is
-	// a lower bound of the kernel's ListenOverflows for the port.
+	// the client sends again. Not in CookiesAccepted. tc's view as the
+	// handshake passes: tc judges a whole receive batch before the stack
+	// takes any of it in, so handshakes that fill the queue within one
+	// batch count as accepted, and the service may accept before the
+	// stack takes one counted here. The sum of the two is exact.
 	AcceptQueueFull uint64 `json:"accept_queue_full"`
 }
 
