@@ -163,15 +163,50 @@ func TestSlowReflectorNote(t *testing.T) {
 			kernel, refl := synContender(synKernel, tc.kernel...), synContender(synReflector, tc.refl...)
 			summarizeSyn(kernel, kernel, refl)
 			summarizeSyn(refl, kernel, refl)
-			note := slowReflectorNote(kernel, refl)
-			if tc.want == nil && note != "" {
-				t.Fatalf("note %q, want none", note)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(note, w) {
-					t.Errorf("note %q lacks %q", note, w)
-				}
-			}
+			checkNote(t, slowReflectorNote(kernel, refl), tc.want)
+		})
+	}
+}
+
+// checkNote: a note holds every string of want; none at all when want is
+// nil.
+func checkNote(t *testing.T, note string, want []string) {
+	t.Helper()
+	if want == nil && note != "" {
+		t.Fatalf("note %q, want none", note)
+	}
+	for _, w := range want {
+		if !strings.Contains(note, w) {
+			t.Errorf("note %q lacks %q", note, w)
+		}
+	}
+}
+
+// TestWaitingReflectorNote: a reflector whose CPU idled for a fifth of the
+// flood or more is named as the generator's rate, with the per-busy-second
+// rates beside it.
+func TestWaitingReflectorNote(t *testing.T) {
+	withCPU := func(c *SynContender, idle, perCPU float64) *SynContender {
+		for i := range c.Runs {
+			c.Runs[i].NAPI = &NAPIShares{Seconds: 3, Ran: 1 - idle, CPUIdle: idle}
+			c.Runs[i].SynAckPerCPU = perCPU
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		idle float64
+		want []string // in the note; none: no note
+	}{
+		{"busy", 0.05, nil},
+		{"waiting", 0.5, []string{"idle 50% of the flood", "reflector answered 8.000 M/s and moat 4.000 M/s (50%)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			moat := withCPU(synContender(synMoat, 3.5e6, 3.6e6), 0.1, 4e6)
+			refl := withCPU(synContender(synReflector, 4e6, 4.1e6), tc.idle, 8e6)
+			summarizeSyn(moat, nil, refl)
+			summarizeSyn(refl, nil, refl)
+			checkNote(t, waitingReflectorNote(moat, refl), tc.want)
 		})
 	}
 }

@@ -186,6 +186,9 @@ func (b *Bench) synFlood(ctx context.Context) (*SynResult, error) {
 			if note := slowReflectorNote(m.by[synKernel], m.by[synReflector]); note != "" {
 				res.Notes = append(res.Notes, m.name+": "+note)
 			}
+			if note := waitingReflectorNote(m.by[synMoat], m.by[synReflector]); note != "" {
+				res.Notes = append(res.Notes, m.name+": "+note)
+			}
 		}
 		res.Goals = synGoals(res)
 	}()
@@ -387,6 +390,27 @@ func slowReflectorNote(kernel, refl *SynContender) string {
 		note += fmt.Sprintf(", and the kernel ran slower there too (%s M/s, %s M/s in the other rounds)", mpps(ks), mpps(ko))
 	}
 	return note + ". The lab's XDP_TX path itself was slow in those rounds, so every XDP_TX answerer's ratio to the kernel falls in them; its ratio to the reflector of the same round is the steadier figure"
+}
+
+// reflectorWaited is the share of the flood the reflector's CPU may idle,
+// waiting for the generator, before its rate stops being that CPU's.
+const reflectorWaited = 0.2
+
+// waitingReflectorNote says when the reflector's server CPU idled for a
+// good part of the flood: it answered all the generator could send, so its
+// rate, and every ratio to it, is the generator's; the rates per busy
+// second of the server's CPU compare the two answerers.
+func waitingReflectorNote(moat, refl *SynContender) string {
+	if refl == nil || !(refl.ServerCPUIdle.Median > reflectorWaited) {
+		return ""
+	}
+	note := fmt.Sprintf("the reflector's CPU was idle %.0f%% of the flood (median): it answered all the generator could send, so its rate, and the column of ratios to it, are the generator's, not the server CPU's",
+		100*refl.ServerCPUIdle.Median)
+	if moat != nil && moat.SynAckPerCPU.Median > 0 && refl.SynAckPerCPU.Median > 0 {
+		note += fmt.Sprintf("; per second of the server's CPU busy, the reflector answered %s M/s and moat %s M/s (%.0f%%)",
+			mpps(refl.SynAckPerCPU.Median), mpps(moat.SynAckPerCPU.Median), 100*moat.SynAckPerCPU.Median/refl.SynAckPerCPU.Median)
+	}
+	return note
 }
 
 // runRate is the valid SYN-ACK rate of c's run in a round, NaN when c is
