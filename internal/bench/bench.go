@@ -59,7 +59,11 @@ var Phases = []string{"drop", "syn", "synlegit", "legit", "pathcost"}
 func DefaultConfig(quick bool) Config {
 	c := Config{
 		Out: "bench", Quick: quick,
-		Rounds: 5, DropFrames: 2_000_000, DenySize: 1_000_000,
+		// 10M frames make a drop-path run last most of a second on a
+		// fast host: runs of 2M (0.13 s at the floor's 15 Mpps on an Intel
+		// Xeon) caught the floor before it reached its pace and swung
+		// with every hiccup of the machine (57-90% for moat in one run).
+		Rounds: 5, DropFrames: 10_000_000, DenySize: 1_000_000,
 		FloodSources: netip.MustParsePrefix("198.19.32.0/20"),
 		SynDuration:  3 * time.Second,
 		LegitRounds:  3, LegitWindow: 2 * time.Second, LegitRates: []float64{0, 0.1, 0.25, 0.5, 1},
