@@ -716,8 +716,12 @@ func CheckSysctls() (notes []string, err error) {
 // readSysctl reads a numeric sysctl under /proc/sys, as path
 // "net/core/rmem_max".
 func readSysctl(path string) (uint64, error) {
-	name := strings.ReplaceAll(path, "/", ".")
-	b, err := os.ReadFile(filepath.Join("/proc/sys", path))
+	return readSysctlFile(filepath.Join("/proc/sys", path), strings.ReplaceAll(path, "/", "."))
+}
+
+// readSysctlFile reads the numeric sysctl name from file.
+func readSysctlFile(file, name string) (uint64, error) {
+	b, err := os.ReadFile(file)
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", name, err)
 	}
@@ -732,13 +736,10 @@ func checkSysctlsIn(dir string) (notes []string, err error) {
 	var errs []string
 	for _, s := range sysctlsRead {
 		var msg string
-		b, err := os.ReadFile(filepath.Join(dir, s.name))
-		v, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		v, err := readSysctlFile(filepath.Join(dir, s.name), "net.ipv4."+s.name)
 		switch {
 		case err != nil:
-			msg = fmt.Sprintf("read net.ipv4.%s: %v", s.name, err)
-		case perr != nil:
-			msg = fmt.Sprintf("net.ipv4.%s: %q is not a number", s.name, b)
+			msg = err.Error()
 		case v >= 1:
 			continue
 		default:

@@ -1,8 +1,11 @@
 package syncookie
 
 import (
+	"errors"
+	"io/fs"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,5 +55,10 @@ func TestSettingsCarryRmemMax(t *testing.T) {
 	}
 	if v := read(); v.RmemMaxLog2 != want || v.HoldNs != uint64(3*time.Second) || v.RcvWscale != 9 {
 		t.Errorf("after NoteRmemMax: %+v, want rmem_max_log2 %d and the rest as before", v, want)
+	}
+	// A namespace that does not show the sysctl (kernels before 6.10)
+	// reads as missing, which rmemMaxLog2 takes for unknown.
+	if _, err := readSysctlFile(filepath.Join(t.TempDir(), "rmem_max"), "net.core.rmem_max"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing sysctl reads as %v, want an error that is fs.ErrNotExist", err)
 	}
 }
