@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
 
 	"github.com/moat-shield/moat/internal/datapath"
+	"github.com/moat-shield/moat/internal/testpkt"
 )
 
 // TestSettingsCarryRmemMax: Configure writes floor(log2(net.core.rmem_max))
@@ -60,5 +63,45 @@ func TestSettingsCarryRmemMax(t *testing.T) {
 	// reads as missing, which rmemMaxLog2 takes for unknown.
 	if _, err := readSysctlFile(filepath.Join(t.TempDir(), "rmem_max"), "net.core.rmem_max"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a missing sysctl reads as %v, want an error that is fs.ErrNotExist", err)
+	}
+}
+
+// TestSynAckWindowScaleSetting: a window scale set in the SYN settings
+// (Config.WScale) is what the SYN-ACK announces, in place of the
+// listener's (testWScale), and a scale over 14 is refused.
+func TestSynAckWindowScaleSetting(t *testing.T) {
+	objs := setup(t)
+	syn := synFrame(nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{
+		testpkt.MSS(1460), testpkt.SACKPermitted(), testpkt.Timestamps(777, 0), testpkt.TCPNOP(), testpkt.WindowScale(7)}})
+	scaleOf := func(t *testing.T) uint8 {
+		t.Helper()
+		rets, outs := verdicts(t, objs.MoatFilter, [][]byte{syn}, nil)
+		if rets[0] != 3 {
+			t.Fatalf("verdict %d, want XDP_TX (3)", rets[0])
+		}
+		pkt := gopacket.NewPacket(outs[0], layers.LayerTypeEthernet, gopacket.Default)
+		tcp, _ := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
+		if tcp == nil {
+			t.Fatalf("no TCP header in the SYN-ACK %x", outs[0])
+		}
+		for _, o := range tcp.Options {
+			if o.OptionType == layers.TCPOptionKindWindowScale && len(o.OptionData) == 1 {
+				return o.OptionData[0]
+			}
+		}
+		t.Fatalf("no window scale option in the SYN-ACK: %v", tcp.Options)
+		return 0
+	}
+	if got := scaleOf(t); got != testWScale {
+		t.Errorf("window scale %d with no setting, want the listener's %d", got, testWScale)
+	}
+	if err := Configure(objs.SynSettings, Config{WScale: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if got := scaleOf(t); got != 9 {
+		t.Errorf("window scale %d with the setting at 9", got)
+	}
+	if err := Configure(objs.SynSettings, Config{WScale: 15}); err == nil || !strings.Contains(err.Error(), "at most 14") {
+		t.Errorf("window scale 15: error %v, want one saying at most 14", err)
 	}
 }
