@@ -308,37 +308,43 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(out, "socket census: not current (%d passes); every SYN and ACK of a protected port pays a socket lookup. "+
 					"The daemon (or `moat syn rotate --every`) takes a pass every %s\n", census.Passes, syncookie.DefaultCensusEvery)
 			}
-			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tSYNS PASSED\tACCEPT ERRORS\tQUEUE FULL")
-			for _, p := range ports {
-				flood, since := "no", "-"
-				if p.Flooding {
-					flood = "yes"
-				}
-				if !p.LastChange.IsZero() {
-					since = p.LastChange.Local().Format(time.DateTime)
-				}
-				fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
-					p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped, p.SYNsDropped, p.SYNsPassed, p.AcceptErrors, p.AcceptQueueFull)
-			}
-			if err := w.Flush(); err != nil {
-				return err
-			}
-			for _, p := range ports {
-				if p.AcceptErrors > 0 {
-					fmt.Fprintf(out, "tcp/%d: %d valid cookies the kernel refused: is the listener MPTCP, "+
-						"or were net.ipv4.tcp_syncookies or tcp_window_scaling turned off during handshakes?\n", p.Port, p.AcceptErrors)
-				}
-				if p.AcceptQueueFull > 0 {
-					fmt.Fprintf(out, "tcp/%d: %d valid cookies came while the listener's accept queue was full; the kernel dropped "+
-						"those connections and the clients sent again. Does the service accept too slowly, or is its backlog too small?\n", p.Port, p.AcceptQueueFull)
-				}
-			}
-			return nil
+			return writeSynPorts(out, ports)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// writeSynPorts prints the protected ports' counters as a table, then a
+// hint for each port whose counters point at something to look into.
+func writeSynPorts(out io.Writer, ports []syncookie.PortStatus) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tSYNS PASSED\tACCEPT ERRORS\tQUEUE FULL")
+	for _, p := range ports {
+		flood, since := "no", "-"
+		if p.Flooding {
+			flood = "yes"
+		}
+		if !p.LastChange.IsZero() {
+			since = p.LastChange.Local().Format(time.DateTime)
+		}
+		fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
+			p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped, p.SYNsDropped, p.SYNsPassed, p.AcceptErrors, p.AcceptQueueFull)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, p := range ports {
+		if p.AcceptErrors > 0 {
+			fmt.Fprintf(out, "tcp/%d: %d valid cookies the kernel refused: is the listener MPTCP, "+
+				"or were net.ipv4.tcp_syncookies or tcp_window_scaling turned off during handshakes?\n", p.Port, p.AcceptErrors)
+		}
+		if p.AcceptQueueFull > 0 {
+			fmt.Fprintf(out, "tcp/%d: %d valid cookies came while the listener's accept queue was full; the kernel dropped "+
+				"those connections and the clients sent again. Does the service accept too slowly, or is its backlog too small?\n", p.Port, p.AcceptQueueFull)
+		}
+	}
+	return nil
 }
 
 func newSynRotateCmd(g *globals) *cobra.Command {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -69,7 +68,7 @@ func TestHandshakeFollowsTheListener(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.rmem != "" {
-				s.setServerSysctl(t, "net/ipv4/tcp_rmem", tc.rmem)
+				setSysctl(t, s.lab.Server, "tcp_rmem", tc.rmem)
 			}
 			type res struct{ cli, srv sockInfo }
 			got := map[uint16]res{}
@@ -255,27 +254,6 @@ func (s *shielded) listenTCP(t *testing.T, network string, port uint16, opt func
 		t.Fatal(err)
 	}
 	return ln
-}
-
-// setServerSysctl writes a sysctl of the server's namespace (path under
-// /proc/sys) and puts the old value back when the test ends.
-func (s *shielded) setServerSysctl(t *testing.T, path, value string) {
-	t.Helper()
-	file := "/proc/sys/" + path
-	var old []byte
-	if err := s.lab.Server.Do(func() (err error) {
-		if old, err = os.ReadFile(file); err != nil {
-			return err
-		}
-		return os.WriteFile(file, []byte(value), 0)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.lab.Server.Do(func() error { return os.WriteFile(file, old, 0) }); err != nil {
-			t.Error(err)
-		}
-	})
 }
 
 // dialTCP connects from the client to port on the server over network
