@@ -124,7 +124,8 @@ struct syn_port_stats {
 				 * here, a time-wait, request or established socket
 				 * owns the tuple, a destination this host routes
 				 * on, no key or stale keys (these also in
-				 * stale_key_syns), double VLAN tags, a frame moat
+				 * stale_key_syns), an MPTCP listener (these also
+				 * in mptcp_syns), double VLAN tags, a frame moat
 				 * could not rewrite) */
 	__u64 win_start_ns;
 	__u64 win_syns;
@@ -176,6 +177,10 @@ struct syn_port_stats {
 	/* The arguments of that FIB lookup (struct bpf_fib_lookup), kept here
 	 * rather than on the BPF stack, which the SYN path has little of. */
 	__u8 fib[64];
+	/* Whether that listener is MPTCP (syn_listener_mptcp): its SYNs go
+	 * to the kernel. In what was padding. */
+	__u8 listener_mptcp;
+	__u8 pad[3];
 	/* Valid cookie ACKs handed to the kernel while the listener's accept
 	 * queue was full: the stack drops the connection the request socket
 	 * would make (its ListenOverflows) and the client sends again; not in
@@ -183,8 +188,12 @@ struct syn_port_stats {
 	 * receive batch before the stack takes any of it in, so the split
 	 * may differ from the stack's; the sum of the two is exact. Here
 	 * rather than with the counters above, whose place older layouts
-	 * share (carrySynCounters); fields added later go after it. */
+	 * share (carrySynCounters); counters added later go after it, and
+	 * nothing else does. */
 	__u64 accept_queue_full;
+	/* cookie mode: SYNs left to the kernel because the listener is
+	 * MPTCP (syn_listener_mptcp); also in syns_passed. */
+	__u64 mptcp_syns;
 };
 
 /* One SipHash key. The two slots of syn_keys hold the keys of the current

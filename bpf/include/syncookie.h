@@ -93,6 +93,7 @@ struct tcp_sock___moat {
 	struct tcp_options_received___moat rx_opt;
 	__u32 window_clamp;
 	__u8 scaling_ratio;
+	__u8 is_mptcp; /* absent from kernels built without MPTCP */
 } __attribute__((preserve_access_index));
 
 /* Also what the socket census reads of any socket (full, request or
@@ -157,6 +158,20 @@ static __always_inline __u16 syn_user_mss(const struct tcp_sock *tsk)
 	const struct tcp_sock___moat *tp = (const void *)tsk;
 
 	return tp ? tp->rx_opt.user_mss : 0;
+}
+
+/* Whether a listener is the TCP side of an MPTCP socket (sk_is_mptcp). The
+ * kernel makes no connection from the plain TCP request socket that tc
+ * hands it for a cookie handshake to such a listener (it resets the
+ * client), so its SYNs are left to the kernel, whose own SYN cookies make
+ * MPTCP connections. 0 if tsk is NULL or the kernel has no MPTCP. */
+static __always_inline __u8 syn_listener_mptcp(const struct tcp_sock *tsk)
+{
+	const struct tcp_sock___moat *tp = (const void *)tsk;
+
+	if (!tp || !bpf_core_field_exists(tp->is_mptcp))
+		return 0;
+	return tp->is_mptcp ? 1 : 0;
 }
 
 /* The window a listener's receive buffer holds (tcp_full_space): its
@@ -817,6 +832,7 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 		st->listener_scale = syn_listener_scale(tsk);
 		st->listener_family = p->family;
 		st->listener_wild = *wild;
+		st->listener_mptcp = syn_listener_mptcp(tsk);
 		__builtin_memcpy(st->listener_addr, p->daddr, 16);
 	}
 	bpf_sk_release(sk);
@@ -1126,6 +1142,11 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	 * all the kernel's business; so is a destination this host routes on. */
 	if (!syn_local_listener(ctx, p, st))
 		return SYN_CONTINUE;
+	/* An MPTCP listener's SYNs are the kernel's (syn_listener_mptcp). */
+	if (st->listener_mptcp) {
+		st->mptcp_syns++;
+		return SYN_CONTINUE;
+	}
 	net = st->net_settings;
 	/* With tcp_syncookies 0 the stack would ignore the request socket tc
 	 * hands it: the kernel keeps its SYNs. */

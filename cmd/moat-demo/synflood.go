@@ -307,9 +307,9 @@ func fmtLatency(d time.Duration) string {
 
 // listenEcho starts an echo server on synPort in h's namespace.
 func listenEcho(h *lab.Host) (net.Listener, error) {
-	// Go enables MPTCP on listeners by default, and the kernel refuses to
-	// create the request socket of a BPF cookie handshake
-	// (bpf_sk_assign_tcp_reqsk) for an MPTCP listener: turn it off.
+	// Go enables MPTCP on listeners by default, and moat leaves an MPTCP
+	// listener's SYNs to the kernel (which makes no connection from a moat
+	// cookie for one): turn it off, so that moat answers them.
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
 	var ln net.Listener

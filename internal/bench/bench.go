@@ -192,9 +192,9 @@ func (b *Bench) setup(ctx context.Context) error {
 // startService runs a small HTTP server in the server's namespace: the
 // legitimate service of the comparisons, and the listener the SYN flood
 // needs. It listens on every address so both client and attacker reach it.
-// The listener is plain TCP: Go makes listeners MPTCP by default, and the
-// kernel refuses a handshake completed on moat's cookie for an MPTCP
-// listener.
+// The listener is plain TCP: Go makes listeners MPTCP by default, and
+// moat leaves an MPTCP listener's SYNs to the kernel, which makes no
+// connection from a moat cookie for one.
 func (b *Bench) startService() error {
 	if err := b.listen(); err != nil {
 		return err

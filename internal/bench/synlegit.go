@@ -545,7 +545,7 @@ func synLegitChecks(res *SynLegitResult) (checks []Goal, notes []string) {
 			})
 		}
 		if p.Flood && p.Defence != slKernel && c["accept_errors"] > 0 {
-			notes = append(notes, fmt.Sprintf("%s, clients on the %s, %s: %d accept errors: the kernel refused handshakes that moat's cookie had validated (an MPTCP listener, or tcp_syncookies 0, would do that)", p.Defence, p.Placement, serviceCPUsText(p.ServiceCPUs), c["accept_errors"]))
+			notes = append(notes, fmt.Sprintf("%s, clients on the %s, %s: %d accept errors: the kernel refused handshakes that moat's cookie had validated (tcp_syncookies 0 while handshakes were under way would do that)", p.Defence, p.Placement, serviceCPUsText(p.ServiceCPUs), c["accept_errors"]))
 		}
 	}
 	return checks, notes

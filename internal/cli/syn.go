@@ -81,9 +81,9 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 		Long: "always: every SYN is answered by moat with a cookie; auto: only while a SYN flood is " +
 			"detected (--threshold SYNs per second); never: counted, left to the kernel; off: not protected. " +
 			"Under cookies a server-speaks-first protocol (SSH, SMTP) loses the connection if the client's " +
-			"third ACK is lost: prefer auto or never for such ports. Listeners on protected ports must not " +
-			"use MPTCP (Go enables it by default on listeners): the kernel refuses cookie handshakes for them " +
-			"(they show as accept errors in `moat syn status`).\n\n" +
+			"third ACK is lost: prefer auto or never for such ports. moat leaves the SYNs of an MPTCP listener " +
+			"(Go makes listeners MPTCP by default) to the kernel, which makes no connection from a moat cookie for " +
+			"one: only the kernel's SYN queue and its own cookies defend it (`moat syn status` counts those SYNs).\n\n" +
 			"moat answers SYNs only for listeners in the network namespace of the device it is attached to; " +
 			"SYNs for containers in other namespaces, DNAT or routed traffic go to the kernel. In cookie mode " +
 			"SYNs moat will not answer (with data, FIN or RST, IP options or IPv6 extension headers, " +
@@ -336,8 +336,13 @@ func writeSynPorts(out io.Writer, ports []syncookie.PortStatus) error {
 	}
 	for _, p := range ports {
 		if p.AcceptErrors > 0 {
-			fmt.Fprintf(out, "tcp/%d: %d valid cookies the kernel refused: is the listener MPTCP, "+
-				"or were net.ipv4.tcp_syncookies or tcp_window_scaling turned off during handshakes?\n", p.Port, p.AcceptErrors)
+			fmt.Fprintf(out, "tcp/%d: %d valid cookies the kernel refused: were net.ipv4.tcp_syncookies or tcp_window_scaling "+
+				"turned off during handshakes, or the listener replaced by an MPTCP one?\n", p.Port, p.AcceptErrors)
+		}
+		if p.MPTCPSYNs > 0 {
+			fmt.Fprintf(out, "tcp/%d: %d SYNs went to the kernel because the listener is MPTCP (Go makes listeners MPTCP by default): "+
+				"the kernel makes no connection from a moat cookie for one, so only its own SYN queue and cookies defend this port. "+
+				"A plain TCP listener has moat answer its SYNs.\n", p.Port, p.MPTCPSYNs)
 		}
 		if p.AcceptQueueFull > 0 {
 			fmt.Fprintf(out, "tcp/%d: %d valid cookies came while the listener's accept queue was full; the kernel dropped "+

@@ -473,8 +473,10 @@ type MoatSynPortStats struct {
 	ListenerWild    uint8
 	ListenerMss     uint16
 	Fib             [64]uint8
-	_               [4]byte
+	ListenerMptcp   uint8
+	Pad             [3]uint8
 	AcceptQueueFull uint64
+	MptcpSyns       uint64
 }
 
 type MoatSynRecent struct {

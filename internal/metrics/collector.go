@@ -131,13 +131,15 @@ var (
 	synACKsDroppedDesc = desc("moat_syncookie_acks_dropped_total",
 		"ACKs with no socket and no valid cookie dropped in XDP: the rejected cookies, and ACKs whose headers are too long to check.", "port")
 	synAcceptErrorsDesc = desc("moat_syncookie_accept_errors_total",
-		"Valid cookies whose handshake the kernel refused: an MPTCP listener, or tcp_syncookies or tcp_window_scaling turned off between SYN-ACK and ACK.", "port")
+		"Valid cookies whose handshake the kernel refused: tcp_syncookies or tcp_window_scaling turned off between SYN-ACK and ACK, or the listener replaced by an MPTCP one.", "port")
 	synQueueFullDesc = desc("moat_syncookie_accept_queue_full_total",
 		"Valid cookies whose handshake came while the listener's accept queue was full: the kernel dropped the connection (TcpExt ListenOverflows) and the client sends again. Not in moat_syncookie_cookies_accepted_total. tc's view as the handshake passes, which the stack may overtake within a receive batch; the sum of the two is exact.", "port")
+	synMPTCPDesc = desc("moat_syncookie_mptcp_syns_total",
+		"SYNs left to the kernel in cookie mode because the listener is MPTCP: the kernel makes no connection from a moat cookie for one. Also in moat_syncookie_syns_passed_total.", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",
-		"SYNs left to the kernel in cookie mode: net.ipv4.tcp_syncookies 0, no listener in this namespace, a time-wait, request or established socket owns the tuple, a destination this host routes on, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), double VLAN tags, or a frame that could not be rewritten.", "port")
+		"SYNs left to the kernel in cookie mode: net.ipv4.tcp_syncookies 0, no listener in this namespace, a time-wait, request or established socket owns the tuple, a destination this host routes on, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), an MPTCP listener (also in moat_syncookie_mptcp_syns_total), double VLAN tags, or a frame that could not be rewritten.", "port")
 	synStaleKeyDesc = desc("moat_syncookie_stale_key_syns_total",
 		"SYNs left to the kernel because the key rotation is stale (see moat_syncookie_keys_stale).", "port")
 	synFloodingDesc = desc("moat_syncookie_flooding",
@@ -219,7 +221,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		packetsDesc, bytesDesc, attachedDesc, progRunTimeDesc, progRunsDesc, bpfStatsDesc,
 		portRuleHitsDesc, entryHitsDesc, mapEntriesDesc, mapMaxEntriesDesc, mapMemoryDesc,
 		synSYNsDesc, synIssuedDesc, synAcceptedDesc, synRejectedDesc, synACKsDroppedDesc,
-		synAcceptErrorsDesc, synQueueFullDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
+		synAcceptErrorsDesc, synQueueFullDesc, synMPTCPDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
 		synThresholdDesc, synPortInfoDesc, keyRotationsDesc, keyRotatedDesc, keysStaleDesc,
 		censusPassesDesc, censusSocketsDesc, censusCurrentDesc,
 		rlPacketsDesc, rlBytesDesc, rlUntrackedDesc, rlTrackedDesc, rlBlocksDesc, rlBlockErrorsDesc,
@@ -494,6 +496,7 @@ func (c *Collector) collectSynCookie(p *pinned, ch chan<- prometheus.Metric) err
 		ch <- counter(synACKsDroppedDesc, float64(s.ACKsDropped), port)
 		ch <- counter(synAcceptErrorsDesc, float64(s.AcceptErrors), port)
 		ch <- counter(synQueueFullDesc, float64(s.AcceptQueueFull), port)
+		ch <- counter(synMPTCPDesc, float64(s.MPTCPSYNs), port)
 		ch <- counter(synSYNsDroppedDesc, float64(s.SYNsDropped), port)
 		ch <- counter(synSYNsPassedDesc, float64(s.SYNsPassed), port)
 		ch <- counter(synStaleKeyDesc, float64(s.StaleKeySYNs), port)

@@ -231,7 +231,7 @@ func setUp(t *testing.T) (s *shield.Shield, iface string, fs []sent, statsOn boo
 		defer ns.Close()
 		for _, port := range []int{synPort, autoPort} {
 			var lc net.ListenConfig
-			lc.SetMultipathTCP(false) // the kernel refuses cookie handshakes for MPTCP listeners
+			lc.SetMultipathTCP(false) // moat leaves an MPTCP listener's SYNs to the kernel
 			ln, err := lc.Listen(context.Background(), "tcp", fmt.Sprintf("[::]:%d", port))
 			if err != nil {
 				t.Errorf("listen on %d: %v", port, err)
@@ -599,6 +599,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		got.eq(t, "moat_syncookie_acks_dropped_total", counterT, float64(p.ACKsDropped), "port", port)
 		got.eq(t, "moat_syncookie_accept_errors_total", counterT, float64(p.AcceptErrors), "port", port)
 		got.eq(t, "moat_syncookie_accept_queue_full_total", counterT, float64(p.AcceptQueueFull), "port", port)
+		got.eq(t, "moat_syncookie_mptcp_syns_total", counterT, float64(p.MPTCPSYNs), "port", port)
 		got.eq(t, "moat_syncookie_syns_dropped_total", counterT, float64(p.SYNsDropped), "port", port)
 		got.eq(t, "moat_syncookie_syns_passed_total", counterT, float64(p.SYNsPassed), "port", port)
 		got.eq(t, "moat_syncookie_stale_key_syns_total", counterT, float64(p.StaleKeySYNs), "port", port)

@@ -308,12 +308,13 @@ func (s *Shield) replaceMap(name, path string, old *ebpf.Map, migrate func(s *Sh
 }
 
 // carrySynCounters copies every protected port's counters (per CPU, by
-// slot), which lead struct syn_port_stats in every version, and
-// accept_queue_full, which follows the caches, where a value long enough
-// to hold it has it; the fields between are the data path's flood windows
-// and caches, which start afresh, but for census_from: an older value may
-// not hold it, so every slot waits for the next census pass, as a port
-// protected now would.
+// slot), which lead struct syn_port_stats in every version, and those
+// from accept_queue_full on, which follow the caches (accept_queue_full,
+// mptcp_syns, and in a newer layout counters this version does not know,
+// which it leaves), as far as the old value holds them; the fields between
+// are the data path's flood windows and caches, which start afresh, but
+// for census_from: an older value may not hold it, so every slot waits for
+// the next census pass, as a port protected now would.
 func carrySynCounters(s *Shield, old, cur *ebpf.Map) error {
 	n := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.WinStartNs))
 	full := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.AcceptQueueFull))
@@ -335,8 +336,8 @@ func carrySynCounters(s *Shield, old, cur *ebpf.Map) error {
 		for cpu, v := range in {
 			out[cpu] = make([]byte, cur.ValueSize())
 			copy(out[cpu], v[:n])
-			if len(v) >= full+8 {
-				copy(out[cpu][full:full+8], v[full:])
+			if len(v) > full {
+				copy(out[cpu][full:], v[full:])
 			}
 			copy(out[cpu][fromAt:], from)
 		}

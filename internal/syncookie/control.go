@@ -619,6 +619,10 @@ type PortStatus struct {
 	// batch count as accepted, and the service may accept before the
 	// stack takes one counted here. The sum of the two is exact.
 	AcceptQueueFull uint64 `json:"accept_queue_full"`
+	// SYNs left to the kernel because the listener is MPTCP: the kernel
+	// makes no connection from a cookie handshake that moat completes
+	// for one. Also in SYNsPassed.
+	MPTCPSYNs uint64 `json:"mptcp_syns"`
 }
 
 // Status reads the protected ports and sums their per-CPU counters.
@@ -665,6 +669,7 @@ func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
 			s.ACKsDropped += c.AcksDropped
 			s.AcceptErrors += c.AcceptErrors
 			s.AcceptQueueFull += c.AcceptQueueFull
+			s.MPTCPSYNs += c.MptcpSyns
 			s.SYNsDropped += c.SynsDropped
 			s.SYNsPassed += c.SynsPassed
 			s.StaleKeySYNs += c.StaleKeySyns

@@ -314,8 +314,8 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 
 // listenTCP opens a listener on port in the server's namespace, on every
 // address of network's family (tcp4 or tcp6), with opt (if any) applied
-// to its socket before it listens. MPTCP is off, as on every protected
-// port.
+// to its socket before it listens. MPTCP is off: moat leaves an MPTCP
+// listener's SYNs to the kernel.
 func (s *shielded) listenTCP(t *testing.T, network string, port uint16, opt func(fd int) error) net.Listener {
 	t.Helper()
 	var lcfg net.ListenConfig

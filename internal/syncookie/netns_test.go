@@ -136,8 +136,8 @@ func (s *shielded) status(t *testing.T) PortStatus {
 func echoServer(t *testing.T, h *lab.Host) (net.Listener, <-chan *net.TCPConn) {
 	t.Helper()
 	var ln net.Listener
-	// Go enables MPTCP on listeners by default, and the kernel does not
-	// let a BPF cookie create a request socket for an MPTCP listener.
+	// Go enables MPTCP on listeners by default, and moat leaves an MPTCP
+	// listener's SYNs to the kernel (TestMPTCPListenerConnects).
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
 	if err := h.Do(func() (err error) {

@@ -110,7 +110,8 @@ const (
 
 // listen opens a dual-stack listener on port in the namespace of the
 // calling (locked) thread: moat answers SYNs and filters ACKs only where a
-// listener owns the port. MPTCP is off, as on every protected port.
+// listener owns the port. MPTCP is off: moat leaves an MPTCP listener's
+// SYNs to the kernel (TestSynToMPTCPListener).
 func listen(t testing.TB, port uint16) net.Listener {
 	t.Helper()
 	var lc net.ListenConfig
