@@ -160,11 +160,11 @@ static __always_inline __u16 syn_user_mss(const struct tcp_sock *tsk)
 	return tp ? tp->rx_opt.user_mss : 0;
 }
 
-/* Whether a listener is the TCP side of an MPTCP socket (sk_is_mptcp). The
- * kernel makes no connection from the plain TCP request socket that tc
- * hands it for a cookie handshake to such a listener (it resets the
- * client), so its SYNs are left to the kernel, whose own SYN cookies make
- * MPTCP connections. 0 if tsk is NULL or the kernel has no MPTCP. */
+/* Whether a listener is the TCP side of an MPTCP socket (sk_is_mptcp).
+ * bpf_sk_assign_tcp_reqsk refuses such a listener, and the client of the
+ * handshake would be reset, so its SYNs are left to the kernel, whose own
+ * SYN cookies make MPTCP connections. 0 if tsk is NULL or the kernel has
+ * no MPTCP. */
 static __always_inline __u8 syn_listener_mptcp(const struct tcp_sock *tsk)
 {
 	const struct tcp_sock___moat *tp = (const void *)tsk;
@@ -1310,9 +1310,14 @@ refuse:
 	 * NAT) is the kernel's business whatever its shape: a Fast Open SYN
 	 * routed through keeps its data. Where the kernel takes no cookie
 	 * handshake (tcp_syncookies 0), the port is not in cookie mode at
-	 * all: these SYNs are the kernel's too. */
+	 * all: these SYNs are the kernel's too, and so are all of an MPTCP
+	 * listener's, as its others reach the kernel anyway. */
 	if (!syn_local_listener(ctx, p, st) || !(st->net_settings & SYN_NET_COOKIES))
 		return SYN_CONTINUE;
+	if (st->listener_mptcp) {
+		st->mptcp_syns++;
+		return SYN_CONTINUE;
+	}
 	st->syns_dropped++;
 	return XDP_DROP;
 }

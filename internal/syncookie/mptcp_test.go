@@ -16,9 +16,10 @@ import (
 	"github.com/moat-shield/moat/internal/testpkt"
 )
 
-// TestSynToMPTCPListener: the kernel makes no connection from a moat
-// cookie handshake to an MPTCP listener (it resets the client), so a SYN
-// to one passes to the kernel untouched, counted in mptcp_syns and
+// TestSynToMPTCPListener: the kernel refuses a moat cookie handshake to
+// an MPTCP listener (bpf_sk_assign_tcp_reqsk fails, and the client is
+// reset), so every SYN to one passes to the kernel untouched, even one
+// that moat would not answer (with data), counted in mptcp_syns and
 // syns_passed, while an ACK that fits no socket there is still dropped.
 // Test runs beside an MPTCP listener in a scratch namespace, IPv4 and
 // IPv6 (the listener is dual-stack).
@@ -28,9 +29,12 @@ func TestSynToMPTCPListener(t *testing.T) {
 	frames := [][]byte{
 		synFrame(nil, client4, server4, testpkt.TCP{Options: linux}),
 		synFrame(nil, client6, server6, testpkt.TCP{Options: linux}),
+		// A Fast Open SYN, which moat would not answer: for a plain
+		// listener dropped in cookie mode, for this one the kernel's.
+		synFrame(nil, client4, server4, testpkt.TCP{Options: linux, Payload: []byte("GET /")}),
 		ackFrame(client4, server4, protectedPort, clientISN+1, 0x5eed, false),
 	}
-	want := []uint32{2, 2, 1} // XDP_PASS, XDP_PASS, XDP_DROP
+	want := []uint32{2, 2, 2, 1} // XDP_PASS for the SYNs, XDP_DROP for the ACK
 	rets := make([]uint32, len(frames))
 	outs := make([][]byte, len(frames))
 	inScratchNetns(t, func() {
@@ -65,8 +69,8 @@ func TestSynToMPTCPListener(t *testing.T) {
 		if p.Port != protectedPort {
 			continue
 		}
-		if p.SYNs != 2 || p.MPTCPSYNs != 2 || p.SYNsPassed != 2 || p.CookiesIssued != 0 || p.ACKsDropped != 1 {
-			t.Errorf("counters %+v: want 2 SYNs, both passed for MPTCP, no cookie, 1 ACK dropped", p)
+		if p.SYNs != 3 || p.MPTCPSYNs != 3 || p.SYNsPassed != 3 || p.SYNsDropped != 0 || p.CookiesIssued != 0 || p.ACKsDropped != 1 {
+			t.Errorf("counters %+v: want 3 SYNs, all passed for MPTCP, no cookie, 1 ACK dropped", p)
 		}
 	}
 }
