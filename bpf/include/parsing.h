@@ -72,7 +72,7 @@ struct tcp_opts {
 	__u8 has_wscale;
 	__u8 sack_ok;
 	__u8 has_ts;
-	__u8 pad;
+	__u8 signed_seg; /* a TCP-MD5 (RFC 2385) or TCP-AO (RFC 5925) option */
 };
 
 enum tcp_opts_state {

@@ -125,8 +125,9 @@ struct syn_port_stats {
 				 * owns the tuple, a destination this host routes
 				 * on, no key or stale keys (these also in
 				 * stale_key_syns), an MPTCP listener (these also
-				 * in mptcp_syns), double VLAN tags, a frame moat
-				 * could not rewrite) */
+				 * in mptcp_syns), a SYN signed with TCP-MD5 or
+				 * TCP-AO for a listener with keys, double VLAN
+				 * tags, a frame moat could not rewrite) */
 	__u64 win_start_ns;
 	__u64 win_syns;
 	/* The SYN path's clock (syn_clock): CLOCK_BOOTTIME as read at the
@@ -180,7 +181,10 @@ struct syn_port_stats {
 	/* Whether that listener is MPTCP (syn_listener_mptcp): its SYNs go
 	 * to the kernel. In what was padding. */
 	__u8 listener_mptcp;
-	__u8 pad[3];
+	/* And whether it holds TCP-MD5 or TCP-AO keys (syn_listener_signs):
+	 * its signed SYNs go to the kernel. */
+	__u8 listener_signs;
+	__u8 pad[2];
 	/* Valid cookie ACKs handed to the kernel while the listener's accept
 	 * queue was full: the stack drops the connection the request socket
 	 * would make (its ListenOverflows) and the client sends again; not in

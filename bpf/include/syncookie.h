@@ -94,6 +94,10 @@ struct tcp_sock___moat {
 	__u32 window_clamp;
 	__u8 scaling_ratio;
 	__u8 is_mptcp; /* absent from kernels built without MPTCP */
+	/* Keys for TCP-MD5 and TCP-AO: absent without CONFIG_TCP_MD5SIG,
+	 * CONFIG_TCP_AO. */
+	void *md5sig_info;
+	void *ao_info;
 } __attribute__((preserve_access_index));
 
 /* Also what the socket census reads of any socket (full, request or
@@ -172,6 +176,22 @@ static __always_inline __u8 syn_listener_mptcp(const struct tcp_sock *tsk)
 	if (!tp || !bpf_core_field_exists(tp->is_mptcp))
 		return 0;
 	return tp->is_mptcp ? 1 : 0;
+}
+
+/* Whether a listener holds TCP-MD5 or TCP-AO keys, so that the kernel
+ * takes signed SYNs for it (it drops a signed SYN for a listener with no
+ * key). 0 if tsk is NULL. */
+static __always_inline __u8 syn_listener_signs(const struct tcp_sock *tsk)
+{
+	const struct tcp_sock___moat *tp = (const void *)tsk;
+
+	if (!tp)
+		return 0;
+	if (bpf_core_field_exists(tp->md5sig_info) && tp->md5sig_info)
+		return 1;
+	if (bpf_core_field_exists(tp->ao_info) && tp->ao_info)
+		return 1;
+	return 0;
 }
 
 /* The window a listener's receive buffer holds (tcp_full_space): its
@@ -833,6 +853,7 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 		st->listener_family = p->family;
 		st->listener_wild = *wild;
 		st->listener_mptcp = syn_listener_mptcp(tsk);
+		st->listener_signs = syn_listener_signs(tsk);
 		__builtin_memcpy(st->listener_addr, p->daddr, 16);
 	}
 	bpf_sk_release(sk);
@@ -1165,6 +1186,15 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	if (!opts)
 		return SYN_CONTINUE;
 	o_copy = *opts;
+	/* A SYN signed with TCP-MD5 or TCP-AO (BGP's sessions) needs a signed
+	 * SYN-ACK, which only the kernel can make: its own where the
+	 * listener holds keys; where it holds none, the kernel drops the SYN,
+	 * and so does cookie mode. */
+	if (o->signed_seg) {
+		if (st->listener_signs)
+			return SYN_CONTINUE;
+		goto refuse;
+	}
 	/* What the namespace turned off is not offered, as the kernel's own
 	 * SYN-ACK would not: the client then does without it. */
 	if (!(net & SYN_NET_SACK))

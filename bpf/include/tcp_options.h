@@ -15,6 +15,8 @@
 #define TCPOPT_WINDOW 3
 #define TCPOPT_SACK_PERM 4
 #define TCPOPT_TIMESTAMP 8
+#define TCPOPT_MD5SIG 19
+#define TCPOPT_AO 29
 #define TCP_MAX_WSCALE 14
 /* The stack buffer is larger than the 40 bytes of options so that an index
  * masked with TCP_OPTBUF_MASK is always inside it. */
@@ -82,6 +84,10 @@ static long tcp_opt_step(__u32 index, void *ctx)
 			o->tsecr = opt_be32(w->buf, i + 6);
 			o->has_ts = 1;
 		}
+		break;
+	case TCPOPT_MD5SIG:
+	case TCPOPT_AO:
+		o->signed_seg = 1;
 		break;
 	}
 	w->pos = i + olen;

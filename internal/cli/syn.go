@@ -87,7 +87,8 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 			"moat answers SYNs only for listeners in the network namespace of the device it is attached to; " +
 			"SYNs for containers in other namespaces, DNAT or routed traffic go to the kernel. In cookie mode " +
 			"SYNs moat will not answer (with data, FIN or RST, IP options or IPv6 extension headers, " +
-			"fragmented, to or from non-unicast addresses) are dropped; double-tagged (QinQ) SYNs go to the kernel.\n\n" +
+			"fragmented, to or from non-unicast addresses) are dropped; double-tagged (QinQ) SYNs, and SYNs signed " +
+			"with TCP-MD5 or TCP-AO (BGP) for a listener that holds keys, go to the kernel.\n\n" +
 			"Keys must rotate: the daemon rotates them every minute, or run `moat syn rotate --every 1m`. " +
 			"When the last rotation is older than 2.5 periods moat issues no more cookies and SYNs go to the " +
 			"kernel (`moat syn status` shows the key age).\n\n" +

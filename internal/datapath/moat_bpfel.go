@@ -474,7 +474,8 @@ type MoatSynPortStats struct {
 	ListenerMss     uint16
 	Fib             [64]uint8
 	ListenerMptcp   uint8
-	Pad             [3]uint8
+	ListenerSigns   uint8
+	Pad             [2]uint8
 	AcceptQueueFull uint64
 	MptcpSyns       uint64
 }

@@ -139,7 +139,7 @@ var (
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",
-		"SYNs left to the kernel in cookie mode: net.ipv4.tcp_syncookies 0, no listener in this namespace, a time-wait, request or established socket owns the tuple, a destination this host routes on, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), an MPTCP listener (also in moat_syncookie_mptcp_syns_total), double VLAN tags, or a frame that could not be rewritten.", "port")
+		"SYNs left to the kernel in cookie mode: net.ipv4.tcp_syncookies 0, no listener in this namespace, a time-wait, request or established socket owns the tuple, a destination this host routes on, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), an MPTCP listener (also in moat_syncookie_mptcp_syns_total), a SYN signed with TCP-MD5 or TCP-AO for a listener with keys, double VLAN tags, or a frame that could not be rewritten.", "port")
 	synStaleKeyDesc = desc("moat_syncookie_stale_key_syns_total",
 		"SYNs left to the kernel because the key rotation is stale (see moat_syncookie_keys_stale).", "port")
 	synFloodingDesc = desc("moat_syncookie_flooding",
