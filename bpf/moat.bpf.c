@@ -164,6 +164,8 @@ int moat_filter(struct xdp_md *ctx)
 		ret = syn_defend(ctx, &pkt);
 		if (ret == XDP_TX)
 			return verdict(ctx, cfg, REASON_SYN_COOKIE, XDP_TX);
+		if (ret == SYN_RESET) /* a stray ACK answered with a RST */
+			return verdict(ctx, cfg, REASON_SYN_DEFENCE, XDP_TX);
 		if (ret != SYN_CONTINUE)
 			return verdict(ctx, cfg, REASON_SYN_DEFENCE, ret);
 	} else {

@@ -66,7 +66,8 @@ enum verdict_reason {
 	REASON_RATELIMIT = 8,  /* source over its rate limit (ratelimit.h): dropped */
 	REASON_BUDGET = 9,     /* over the flood budget of its protocol/port: dropped */
 	REASON_SYN_COOKIE = 10, /* SYN answered with a moat cookie (XDP_TX, counted in the pass slot) */
-	REASON_SYN_DEFENCE = 11, /* ACK that fits no socket or cookie, or SYN refused in cookie mode: dropped */
+	REASON_SYN_DEFENCE = 11, /* ACK that fits no socket or cookie, or SYN refused in cookie mode: dropped;
+				  * or the ACK answered with a RST (XDP_TX, in the pass slot) */
 	REASON_MAX = 12,
 };
 

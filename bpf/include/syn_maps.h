@@ -72,4 +72,13 @@ struct {
 	__type(value, struct syn_recent);
 } syn_recent SEC(".maps");
 
+/* The budget of stray-ACK resets (struct syn_rst_bucket): not pinned, a
+ * fresh one comes with each program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct syn_rst_bucket);
+} syn_rst_budget SEC(".maps");
+
 #endif /* MOAT_SYN_MAPS_H */

@@ -29,6 +29,9 @@
 #define SYN_DEFAULT_RCV_WSCALE 7
 /* How often the control plane rotates keys unless syn_config says other. */
 #define SYN_DEFAULT_ROTATION_NS 60000000000ULL
+/* RSTs a second per CPU for stray ACKs (syn_config.rst_rate). */
+#define SYN_DEFAULT_RST_RATE 250
+#define SYN_RST_OFF 0xffff
 #define SYNACK_WINDOW 65535
 #define SYNACK_TTL 64
 
@@ -198,6 +201,16 @@ struct syn_port_stats {
 	/* cookie mode: SYNs left to the kernel because the listener is
 	 * MPTCP (syn_listener_mptcp); also in syns_passed. */
 	__u64 mptcp_syns;
+	/* cookie mode: RSTs sent for stray ACKs (syn_reset_stray); those
+	 * ACKs are also in acks_dropped. */
+	__u64 resets_sent;
+};
+
+/* The budget of stray-ACK resets, per CPU and interface: credit of time
+ * that each RST spends 1e9 / rate ns of, up to a second's worth. */
+struct syn_rst_bucket {
+	__u64 stamp_ns;
+	__u64 credit_ns;
 };
 
 /* One SipHash key. The two slots of syn_keys hold the keys of the current
@@ -225,7 +238,10 @@ struct syn_config {
 	/* floor(log2(net.core.rmem_max)), a global sysctl the data path
 	 * cannot read; the kernel's window scale depends on it. */
 	__u8 rmem_max_log2;
-	__u8 pad[2];
+	/* RSTs a second, per CPU and interface, that cookie mode sends for
+	 * the ACKs it drops as stray (syn_reset_stray); 0: the default,
+	 * SYN_RST_OFF: none. */
+	__u16 rst_rate;
 	/* How often the control plane rotates keys. Once the last rotation is
 	 * older than 2.5 of these (SYN_STALE_HALF_PERIODS), the rotator is taken for dead:
 	 * moat issues and accepts no more cookies and the kernel handles SYNs. */

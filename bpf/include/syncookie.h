@@ -27,6 +27,12 @@
 
 /* syn_defend's "no decision, carry on with the policy". */
 #define SYN_CONTINUE -1
+/* syn_defend's "the frame is now a RST to send back" (XDP_TX), which the
+ * caller counts apart from SYN-ACKs. */
+#define SYN_RESET -2
+/* syn_check_ack's "no socket and no cookie": syn_defend asks
+ * syn_reset_stray what becomes of it. */
+#define SYN_STRAY -3
 /* tcx: "not mine to decide", the next program in the chain (and legacy tc
  * filters after them) runs. TC_ACT_OK would end the chain. */
 #define SYN_TC_NEXT TC_ACT_UNSPEC
@@ -1368,13 +1374,162 @@ static __always_inline int syn_kernel_cookie(void *data, void *data_end, __u32 l
 	return (void *)(ip6h + 1) <= data_end && bpf_tcp_raw_check_syncookie_ipv6(ip6h, th) == 0;
 }
 
-/* An ACK to a port in cookie mode. It is dropped only when the tuple's
- * socket is the listener (no established, request or time-wait socket owns
- * it) and it carries neither a valid moat cookie nor a valid kernel one.
- * With no socket at all the destination is not a local listener of this
- * namespace (a container behind this device, NAT, a routed flow): passed.
- * st and now as for syn_answer. A global function, so the verifier checks
- * it once. */
+/* Whether this CPU's budget of stray-ACK resets has one left at now
+ * (syn_config.rst_rate a second, up to a second's worth saved). */
+static __always_inline int syn_rst_take(__u64 now)
+{
+	struct syn_config *cfg = syn_get_config();
+	struct syn_rst_bucket *b;
+	__u32 zero = 0;
+	__u64 rate, credit;
+
+	if (!cfg || cfg->rst_rate == SYN_RST_OFF)
+		return 0;
+	rate = cfg->rst_rate ? cfg->rst_rate : SYN_DEFAULT_RST_RATE;
+	b = bpf_map_lookup_elem(&syn_rst_budget, &zero);
+	if (!b)
+		return 0;
+	credit = b->credit_ns + (now - b->stamp_ns);
+	if (!b->stamp_ns || credit > 1000000000ULL)
+		credit = 1000000000ULL;
+	b->stamp_ns = now;
+	if (credit * rate < 1000000000ULL) {
+		b->credit_ns = credit;
+		return 0;
+	}
+	b->credit_ns = credit - 1000000000ULL / rate;
+	return 1;
+}
+
+/* An ACK to a listener that carries no valid cookie (a spoofed ACK, or a
+ * client's segment for a connection this host no longer has: after a
+ * reboot, a failover, a lost RST). The kernel answers such a segment with
+ * a RST, which tells a real client at once that its connection is gone;
+ * dropped, it would send again for many minutes. So moat answers it too,
+ * as many a second as syn_config.rst_rate allows, and drops the rest: an
+ * ACK flood draws no more than that. Before a RST, a socket lookup makes
+ * sure that no socket owns the tuple: one that the census has not marked
+ * yet (a connection whose SYN came in another way) takes the segment
+ * instead, and its tuple is marked. Returns SYN_RESET with the frame made
+ * into the RST (the kernel's: the ACK's acknowledgment number as its
+ * sequence number, no ACK flag), XDP_DROP, or SYN_CONTINUE. A global
+ * function, as its callers are. */
+__attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet *p,
+					      struct syn_port_stats *st, __u64 now)
+{
+	void *data, *data_end;
+	struct tcphdr *th;
+	__u32 l3, l4, dst_mac, src_mac, tw[5];
+	__u16 dst_mac2, src_mac2, l2_type;
+	__u64 l2_tags, sum;
+	__be32 seq;
+	int state, delta, iplen;
+
+	if (!ctx || !p || !st)
+		return XDP_DROP;
+	if (!syn_rst_take(now))
+		return XDP_DROP;
+	state = tcp_sock_state(ctx, p);
+	if (state >= 0 && state != BPF_TCP_LISTEN) {
+		syn_mark_packet(p);
+		return SYN_CONTINUE;
+	}
+
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	l3 = p->l3_off;
+	l4 = p->l4_off;
+	if (l3 > SYN_MAX_L3_OFF || l4 > SYN_L4_MASK || data + SYN_MAX_L3_OFF > data_end)
+		return XDP_DROP;
+	th = data + (l4 & SYN_L4_MASK);
+	if ((void *)(th + 1) > data_end)
+		return XDP_DROP;
+	seq = th->ack_seq;
+
+	/* The RST's TCP header, then its checksum over the pseudo-header. */
+	tw[0] = SYN_WORD((__u32)p->dport << 16 | p->sport);
+	tw[1] = seq;
+	tw[2] = 0;
+	tw[3] = SYN_WORD(5 << 28 | (__u32)TCPF_RST << 16);
+	if (p->family == 4)
+		sum = (__u64)*(const __u32 *)p->saddr + *(const __u32 *)p->daddr +
+		      SYN_WORD(IPPROTO_TCP << 16 | sizeof(*th));
+	else
+		sum = csum_words(p->saddr, 8) + SYN_WORD(sizeof(*th)) + SYN_WORD(IPPROTO_TCP);
+	sum += csum_words(tw, 4);
+	tw[4] = syn_word_halves(csum_fold32(sum), 0);
+
+	/* Keep the Ethernet header and tags, rebuild the rest, cut the frame
+	 * to it (it only shrinks: the ACK had both headers whole). */
+	dst_mac = *(__u32 *)data;
+	dst_mac2 = *(__u16 *)(data + 4);
+	src_mac = *(__u32 *)(data + 6);
+	src_mac2 = *(__u16 *)(data + 10);
+	l2_type = *(__u16 *)(data + 12);
+	l2_tags = *(__u64 *)(data + 14);
+	iplen = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	delta = (int)(l3 + iplen + sizeof(*th)) - (int)(data_end - data);
+	if (delta > 0 || (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)))
+		return XDP_DROP;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + SYN_MAX_L3_OFF > data_end)
+		return XDP_DROP;
+	*(__u32 *)data = src_mac;
+	*(__u16 *)(data + 4) = src_mac2;
+	*(__u32 *)(data + 6) = dst_mac;
+	*(__u16 *)(data + 10) = dst_mac2;
+	*(__u16 *)(data + 12) = l2_type;
+	*(__u64 *)(data + 14) = l2_tags;
+
+	if (p->family == 4) {
+		__u32 *ip = data + l3;
+		__u32 w0 = SYN_WORD(0x45 << 24 | (sizeof(struct iphdr) + sizeof(*th)));
+		__u32 w1 = SYN_WORD(0x4000);
+		__u16 ttl_proto = bpf_htons(SYNACK_TTL << 8 | IPPROTO_TCP);
+		__u32 saddr = *(const __u32 *)p->daddr, daddr = *(const __u32 *)p->saddr;
+
+		if ((void *)(ip + 5) > data_end)
+			return XDP_DROP;
+		ip[0] = w0;
+		ip[1] = w1;
+		ip[2] = syn_word_halves(ttl_proto,
+					csum_fold32((__u64)w0 + w1 + syn_word_halves(ttl_proto, 0) + saddr + daddr));
+		ip[3] = saddr;
+		ip[4] = daddr;
+		th = (void *)(ip + 5);
+	} else {
+		struct ipv6hdr *ip6h = data + l3;
+
+		if ((void *)(ip6h + 1) > data_end)
+			return XDP_DROP;
+		*(__be32 *)ip6h = bpf_htonl(0x60000000);
+		ip6h->payload_len = bpf_htons(sizeof(*th));
+		ip6h->nexthdr = IPPROTO_TCP;
+		ip6h->hop_limit = SYNACK_TTL;
+		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
+		__builtin_memcpy(&ip6h->daddr, p->saddr, 16);
+		th = (void *)(ip6h + 1);
+	}
+	if ((void *)(th + 1) > data_end)
+		return XDP_DROP;
+	((__u32 *)th)[0] = tw[0];
+	((__u32 *)th)[1] = tw[1];
+	((__u32 *)th)[2] = tw[2];
+	((__u32 *)th)[3] = tw[3];
+	((__u32 *)th)[4] = tw[4];
+	st->resets_sent++;
+	return SYN_RESET;
+}
+
+/* An ACK to a port in cookie mode. It is stray (SYN_STRAY: dropped, or
+ * answered with a RST, by syn_reset_stray) only when the tuple's socket is
+ * the listener (no established, request or time-wait socket owns it) and
+ * it carries neither a valid moat cookie nor a valid kernel one. With no
+ * socket at all the destination is not a local listener of this namespace
+ * (a container behind this device, NAT, a routed flow): passed. Headers
+ * too long to check: dropped. st and now as for syn_answer. A global
+ * function, so the verifier checks it once. */
 __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p,
 					    struct syn_port_stats *st, __u64 now)
 {
@@ -1428,7 +1583,10 @@ __attribute__((noinline)) int syn_check_ack(struct xdp_md *ctx, struct packet *p
 		syn_recent_note(p, ack, seq, now, 0);
 		return SYN_CONTINUE;
 	}
-	st->cookies_rejected++;
+	/* No socket and no cookie: the kernel would answer with a RST, and
+	 * so does moat, within a budget (syn_reset_stray, which syn_defend
+	 * calls: the verifier's stack of calls is too short from here). */
+	return SYN_STRAY;
 drop:
 	st->acks_dropped++;
 	return XDP_DROP;
@@ -1476,7 +1634,7 @@ __attribute__((noinline)) int syn_check_synack(struct xdp_md *ctx, struct packet
 }
 
 /* The XDP entry point of the SYN defence, called once the policy has let
- * the packet through. Returns an XDP action, or SYN_CONTINUE. */
+ * the packet through. Returns an XDP action, SYN_RESET or SYN_CONTINUE. */
 /* A global function: the verifier checks it once, not once for every path
  * through the parser that reaches the call. */
 __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
@@ -1539,8 +1697,17 @@ __attribute__((noinline)) int syn_defend(struct xdp_md *ctx, struct packet *p)
 
 	if ((flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) == TCPF_ACK) {
 		st = syn_filtering(port, p, &now);
-		if (st)
-			return syn_check_ack(ctx, p, st, now);
+		if (!st)
+			return SYN_CONTINUE;
+		ret = syn_check_ack(ctx, p, st, now);
+		if (ret != SYN_STRAY)
+			return ret;
+		ret = syn_reset_stray(ctx, p, st, now);
+		if (ret != SYN_CONTINUE) {
+			st->cookies_rejected++;
+			st->acks_dropped++;
+		}
+		return ret;
 	}
 	return SYN_CONTINUE;
 }

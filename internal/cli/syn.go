@@ -320,7 +320,7 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 // hint for each port whose counters point at something to look into.
 func writeSynPorts(out io.Writer, ports []syncookie.PortStatus) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tSYNS DROPPED\tSYNS PASSED\tACCEPT ERRORS\tQUEUE FULL")
+	fmt.Fprintln(w, "PORT\tMODE\tFLOOD\tSINCE\tSYNS\tCOOKIES\tACCEPTED\tREJECTED\tACKS DROPPED\tRESETS\tSYNS DROPPED\tSYNS PASSED\tACCEPT ERRORS\tQUEUE FULL")
 	for _, p := range ports {
 		flood, since := "no", "-"
 		if p.Flooding {
@@ -329,8 +329,8 @@ func writeSynPorts(out io.Writer, ports []syncookie.PortStatus) error {
 		if !p.LastChange.IsZero() {
 			since = p.LastChange.Local().Format(time.DateTime)
 		}
-		fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
-			p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped, p.SYNsDropped, p.SYNsPassed, p.AcceptErrors, p.AcceptQueueFull)
+		fmt.Fprintf(w, "tcp/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port, p.Mode, flood, since,
+			p.SYNs, p.CookiesIssued, p.CookiesAccepted, p.CookiesRejected, p.ACKsDropped, p.ResetsSent, p.SYNsDropped, p.SYNsPassed, p.AcceptErrors, p.AcceptQueueFull)
 	}
 	if err := w.Flush(); err != nil {
 		return err

@@ -13,7 +13,7 @@ import (
 func TestSynPortsTable(t *testing.T) {
 	var out strings.Builder
 	err := writeSynPorts(&out, []syncookie.PortStatus{
-		{Port: 443, Mode: "always", SYNs: 40, CookiesIssued: 40, CookiesAccepted: 30, AcceptErrors: 2, AcceptQueueFull: 7},
+		{Port: 443, Mode: "always", SYNs: 40, CookiesIssued: 40, CookiesAccepted: 30, ACKsDropped: 12, ResetsSent: 5, AcceptErrors: 2, AcceptQueueFull: 7},
 		{Port: 80, Mode: "auto", SYNs: 5},
 		{Port: 8080, Mode: "always", SYNs: 9, SYNsPassed: 9, MPTCPSYNs: 9},
 	})
@@ -39,6 +39,12 @@ func TestSynPortsTable(t *testing.T) {
 	}
 	if got := col(lines[1], "QUEUE_FULL"); got != "7" {
 		t.Errorf("tcp/443 QUEUE FULL %q, want 7", got)
+	}
+	if got := col(lines[1], "RESETS"); got != "5" {
+		t.Errorf("tcp/443 RESETS %q, want 5", got)
+	}
+	if got := col(lines[1], "ACKS_DROPPED"); got != "12" {
+		t.Errorf("tcp/443 ACKS DROPPED %q, want 12", got)
 	}
 	if got := col(lines[1], "ACCEPTED"); got != "30" {
 		t.Errorf("tcp/443 ACCEPTED %q, want 30", got)

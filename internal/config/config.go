@@ -182,12 +182,31 @@ type Policy struct {
 	Monitor bool `yaml:"monitor"`
 }
 
+// maxStrayACKResets bounds syn.stray_ack_resets: a million a second is
+// past anything a host needs to tell its clients.
+const maxStrayACKResets = 1_000_000
+
 // SYN configures the SYN flood defence.
 type SYN struct {
 	RotateEvery    time.Duration `yaml:"rotate_every"`    // key rotation (default 60s)
 	Hold           time.Duration `yaml:"hold"`            // auto mode: cookies stay on this long after a flood
 	CookieLifetime time.Duration `yaml:"cookie_lifetime"` // the acceptor looks for cookies this long after a flood
-	Ports          []SYNPort     `yaml:"ports"`
+	// StrayACKResets is how many RSTs a second cookie mode may send on
+	// each interface for the ACKs it drops as stray, as the kernel answers
+	// them (default syncookie.DefaultResets; 0: none).
+	StrayACKResets *uint32   `yaml:"stray_ack_resets"`
+	Ports          []SYNPort `yaml:"ports"`
+}
+
+// Resets is StrayACKResets as syncookie.Config.ResetsPerSec takes it.
+func (s SYN) Resets() int {
+	switch {
+	case s.StrayACKResets == nil:
+		return 0
+	case *s.StrayACKResets == 0:
+		return -1
+	}
+	return int(*s.StrayACKResets)
 }
 
 // SYNPort is one protected TCP port.
@@ -528,6 +547,9 @@ func (c *Config) check(e *errs) {
 	}
 	if c.SYN.CookieLifetime != 0 && c.SYN.CookieLifetime < 2*c.SYN.RotateEvery {
 		key("syn.cookie_lifetime", "%s is shorter than two key rotations (%s): cookies would be refused while still valid", c.SYN.CookieLifetime, 2*c.SYN.RotateEvery)
+	}
+	if n := c.SYN.StrayACKResets; n != nil && *n > maxStrayACKResets {
+		key("syn.stray_ack_resets", "%d RSTs a second: at most %d", *n, maxStrayACKResets)
 	}
 	synPorts := map[uint16]int{}
 	for i, p := range c.SYN.Ports {

@@ -462,3 +462,29 @@ func writeIn(t *testing.T, dir, name, text string) string {
 	}
 	return p
 }
+
+// syn.stray_ack_resets: left out, the default; 0, none; a number, that
+// many; more than a million, an error at its line.
+func TestStrayACKResets(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		want int // syncookie.Config.ResetsPerSec
+	}{
+		{"syn:\n  rotate_every: 60s\n", 0},
+		{"syn:\n  stray_ack_resets: 0\n", -1},
+		{"syn:\n  stray_ack_resets: 250\n", 250},
+	} {
+		cfg, _, err := Parse(filepath.Join(t.TempDir(), "moat.yaml"), []byte(tc.text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.SYN.Resets(); got != tc.want {
+			t.Errorf("%q: resets %d, want %d", tc.text, got, tc.want)
+		}
+	}
+	for _, text := range []string{"syn:\n  stray_ack_resets: 2000000\n", "syn:\n  stray_ack_resets: -5\n", "syn:\n  stray_ack_resets: many\n"} {
+		if got := parseErrors(t, text); len(got) != 1 || !strings.HasPrefix(got[0], "line 2: ") {
+			t.Errorf("%q: errors %q, want one at line 2", text, got)
+		}
+	}
+}

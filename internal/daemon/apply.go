@@ -704,7 +704,7 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (changed int, ro
 		// StaleAfter of it for a stopped rotator and issues no cookies.
 		if err := syncookie.Configure(s.Map(datapath.MoatMapSynSettings), syncookie.Config{
 			Hold: cfg.SYN.Hold, CookieLifetime: cfg.SYN.CookieLifetime,
-			RotationPeriod: cfg.SYN.RotateEvery,
+			RotationPeriod: cfg.SYN.RotateEvery, ResetsPerSec: cfg.SYN.Resets(),
 		}); err != nil {
 			return 0, rotated, err
 		}

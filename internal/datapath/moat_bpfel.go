@@ -358,7 +358,7 @@ type MoatSynConfig struct {
 	MssV6            uint16
 	RcvWscale        uint8
 	RmemMaxLog2      uint8
-	Pad              [2]uint8
+	RstRate          uint16
 	RotationPeriodNs uint64
 }
 
@@ -478,6 +478,7 @@ type MoatSynPortStats struct {
 	Pad             [2]uint8
 	AcceptQueueFull uint64
 	MptcpSyns       uint64
+	ResetsSent      uint64
 }
 
 type MoatSynRecent struct {
@@ -490,6 +491,12 @@ type MoatSynRecent struct {
 	Seq      uint32
 	Stamp    uint32
 	Assigned uint32
+}
+
+type MoatSynRstBucket struct {
+	_        structs.HostLayout
+	StampNs  uint64
+	CreditNs uint64
 }
 
 type MoatVerdictCounter struct {
@@ -561,6 +568,7 @@ const (
 	MoatMapSynPorts                   = "syn_ports"
 	MoatMapSynRecent                  = "syn_recent"
 	MoatMapSynRotation                = "syn_rotation"
+	MoatMapSynRstBudget               = "syn_rst_budget"
 	MoatMapSynSettings                = "syn_settings"
 	MoatProgDenyHostSummaryOr         = "deny_host_summary_or"
 	MoatProgDenySummaryOr             = "deny_summary_or"
@@ -668,6 +676,7 @@ type MoatMapSpecs struct {
 	SynPorts         *ebpf.MapSpec `ebpf:"syn_ports"`
 	SynRecent        *ebpf.MapSpec `ebpf:"syn_recent"`
 	SynRotation      *ebpf.MapSpec `ebpf:"syn_rotation"`
+	SynRstBudget     *ebpf.MapSpec `ebpf:"syn_rst_budget"`
 	SynSettings      *ebpf.MapSpec `ebpf:"syn_settings"`
 }
 
@@ -743,6 +752,7 @@ type MoatMaps struct {
 	SynPorts         *ebpf.Map `ebpf:"syn_ports"`
 	SynRecent        *ebpf.Map `ebpf:"syn_recent"`
 	SynRotation      *ebpf.Map `ebpf:"syn_rotation"`
+	SynRstBudget     *ebpf.Map `ebpf:"syn_rst_budget"`
 	SynSettings      *ebpf.Map `ebpf:"syn_settings"`
 }
 
@@ -789,6 +799,7 @@ func (m *MoatMaps) Close() error {
 		m.SynPorts,
 		m.SynRecent,
 		m.SynRotation,
+		m.SynRstBudget,
 		m.SynSettings,
 	)
 }

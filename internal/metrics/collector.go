@@ -136,6 +136,8 @@ var (
 		"Valid cookies whose handshake came while the listener's accept queue was full: the kernel dropped the connection (TcpExt ListenOverflows) and the client sends again. Not in moat_syncookie_cookies_accepted_total. tc's view as the handshake passes, which the stack may overtake within a receive batch; the sum of the two is exact.", "port")
 	synMPTCPDesc = desc("moat_syncookie_mptcp_syns_total",
 		"SYNs left to the kernel in cookie mode because the listener is MPTCP: the kernel makes no connection from a moat cookie for one. Also in moat_syncookie_syns_passed_total.", "port")
+	synResetsDesc = desc("moat_syncookie_resets_sent_total",
+		"RSTs sent from XDP in cookie mode for ACKs that fit no socket and no cookie, as the kernel would answer them (syn.stray_ack_resets a second at most); those ACKs also count in moat_syncookie_acks_dropped_total.", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",
@@ -221,7 +223,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		packetsDesc, bytesDesc, attachedDesc, progRunTimeDesc, progRunsDesc, bpfStatsDesc,
 		portRuleHitsDesc, entryHitsDesc, mapEntriesDesc, mapMaxEntriesDesc, mapMemoryDesc,
 		synSYNsDesc, synIssuedDesc, synAcceptedDesc, synRejectedDesc, synACKsDroppedDesc,
-		synAcceptErrorsDesc, synQueueFullDesc, synMPTCPDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
+		synAcceptErrorsDesc, synQueueFullDesc, synMPTCPDesc, synResetsDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
 		synThresholdDesc, synPortInfoDesc, keyRotationsDesc, keyRotatedDesc, keysStaleDesc,
 		censusPassesDesc, censusSocketsDesc, censusCurrentDesc,
 		rlPacketsDesc, rlBytesDesc, rlUntrackedDesc, rlTrackedDesc, rlBlocksDesc, rlBlockErrorsDesc,
@@ -321,7 +323,7 @@ var reasonVerdicts = map[string][]string{
 	// Monitor mode passes every drop but the SYN defence's, which stands
 	// down then.
 	"denylist": {"drop", "monitored"}, "port_drop": {"drop", "monitored"},
-	"ratelimit": {"drop", "monitored"}, "budget": {"drop", "monitored"}, "syn_defence": {"drop"},
+	"ratelimit": {"drop", "monitored"}, "budget": {"drop", "monitored"}, "syn_defence": {"drop", "tx"},
 	"fragment": {"pass", "drop", "monitored"}, "malformed": {"pass", "drop", "monitored"},
 	"syn_cookie": {"tx"},
 }
@@ -497,6 +499,7 @@ func (c *Collector) collectSynCookie(p *pinned, ch chan<- prometheus.Metric) err
 		ch <- counter(synAcceptErrorsDesc, float64(s.AcceptErrors), port)
 		ch <- counter(synQueueFullDesc, float64(s.AcceptQueueFull), port)
 		ch <- counter(synMPTCPDesc, float64(s.MPTCPSYNs), port)
+		ch <- counter(synResetsDesc, float64(s.ResetsSent), port)
 		ch <- counter(synSYNsDroppedDesc, float64(s.SYNsDropped), port)
 		ch <- counter(synSYNsPassedDesc, float64(s.SYNsPassed), port)
 		ch <- counter(synStaleKeyDesc, float64(s.StaleKeySYNs), port)

@@ -147,7 +147,10 @@ func frames() []sent {
 		// own counters only.
 		{"syn", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1007, DstPort: synPort, SYN: true, Seq: 1}), 3, "", ""},
 		{"syn to auto port", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1010, DstPort: autoPort, SYN: true, Seq: 3}), 4, "", ""},
-		{"ack without cookie", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1008, DstPort: synPort, ACK: true, Seq: 2, Ack: 12345}), 2, "drop", "syn_defence"},
+		// Dropped, or answered with a RST of 14 + 20 + 20 bytes, within
+		// the budget of stray-ACK resets: counted from the port's
+		// counters.
+		{"ack without cookie", testpkt.TCPv4(client, server, testpkt.TCP{SrcPort: 1008, DstPort: synPort, ACK: true, Seq: 2, Ack: 12345}), 2, "", ""},
 	}
 }
 
@@ -498,6 +501,18 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		// + 20 + 24 bytes (the MSS option alone).
 		issued := auto[0].CookiesIssued + auto[1].CookiesIssued
 		want[key{"tx", "syn_cookie"}] = shield.Count{Packets: issued, Bytes: issued * 58}
+		var ackLen uint64
+		for _, f := range fs {
+			if f.name == "ack without cookie" {
+				ackLen = uint64(len(f.frame))
+			}
+		}
+		resets := auto[0].ResetsSent
+		if resets == 0 || auto[0].ACKsDropped != 2 {
+			t.Errorf("syn status %+v: want 2 stray ACKs, answered with RSTs within the default budget", auto[0])
+		}
+		want[key{"tx", "syn_defence"}] = shield.Count{Packets: resets, Bytes: resets * 54}
+		want[key{"drop", "syn_defence"}] = shield.Count{Packets: auto[0].ACKsDropped - resets, Bytes: (auto[0].ACKsDropped - resets) * ackLen}
 	}
 	for _, v := range []struct {
 		verdict      string
@@ -517,7 +532,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		{"pass", "pass"}, {"pass", "non_ip"}, {"pass", "allowlist"}, {"pass", "port_allow"},
 		{"drop", "denylist"}, {"drop", "port_drop"}, {"drop", "ratelimit"}, {"drop", "budget"}, {"drop", "syn_defence"},
 		{"pass", "fragment"}, {"drop", "fragment"}, {"pass", "malformed"}, {"drop", "malformed"},
-		{"tx", "syn_cookie"},
+		{"tx", "syn_cookie"}, {"tx", "syn_defence"},
 		{"monitored", "denylist"}, {"monitored", "port_drop"}, {"monitored", "ratelimit"}, {"monitored", "budget"},
 		{"monitored", "fragment"}, {"monitored", "malformed"},
 	} {
@@ -600,6 +615,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		got.eq(t, "moat_syncookie_accept_errors_total", counterT, float64(p.AcceptErrors), "port", port)
 		got.eq(t, "moat_syncookie_accept_queue_full_total", counterT, float64(p.AcceptQueueFull), "port", port)
 		got.eq(t, "moat_syncookie_mptcp_syns_total", counterT, float64(p.MPTCPSYNs), "port", port)
+		got.eq(t, "moat_syncookie_resets_sent_total", counterT, float64(p.ResetsSent), "port", port)
 		got.eq(t, "moat_syncookie_syns_dropped_total", counterT, float64(p.SYNsDropped), "port", port)
 		got.eq(t, "moat_syncookie_syns_passed_total", counterT, float64(p.SYNsPassed), "port", port)
 		got.eq(t, "moat_syncookie_stale_key_syns_total", counterT, float64(p.StaleKeySYNs), "port", port)

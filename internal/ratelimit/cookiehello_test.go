@@ -30,9 +30,13 @@ func TestTLSHelloOnCookieACK(t *testing.T) {
 	// The pair gives the namespace its addresses; the listener on 443
 	// stays open, and owns every tuple to it.
 	f.inNetns([2]netip.AddrPort{netip.AddrPortFrom(src4, 40000), netip.AddrPortFrom(dst4, 8443)})
-	var ln *net.TCPListener
+	// Plain TCP: moat leaves an MPTCP listener's SYNs (Go's default) to
+	// the kernel.
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	var ln net.Listener
 	var err error
-	f.in(func() { ln, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(dst4, 443))) })
+	f.in(func() { ln, err = lc.Listen(context.Background(), "tcp", netip.AddrPortFrom(dst4, 443).String()) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,9 +105,9 @@ func ReadCounters(m *ebpf.Map) (Counters, error) {
 			case slot == 1:
 				rc.Dropped = c
 				out.Dropped.add(c)
-			case reason == datapath.MoatVerdictReasonREASON_SYN_COOKIE:
-				// XDP_TX has no slot of its own: this reason's pass
-				// slot holds it.
+			case reason == datapath.MoatVerdictReasonREASON_SYN_COOKIE || reason == datapath.MoatVerdictReasonREASON_SYN_DEFENCE:
+				// XDP_TX has no slot of its own: these reasons' pass
+				// slots hold it (SYN-ACKs, and RSTs for stray ACKs).
 				rc.Answered = c
 				out.Answered.add(c)
 			default:

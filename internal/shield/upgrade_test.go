@@ -296,24 +296,27 @@ func TestAttachAfterTheInterfaceWasMadeAgain(t *testing.T) {
 
 // TestOpenTakesOverResizedSynCounters checks the upgrade from state whose
 // syn_counters values another moat made another size (its data path kept
-// fewer per-CPU caches after the counters, or had no mptcp_syns yet, or
-// counted more after it): Open replaces the map with one of this version's
+// fewer per-CPU caches after the counters, or had no mptcp_syns or
+// resets_sent yet, or counted more after them): Open replaces the map with one of this version's
 // shape and carries every port's counters over; a filter still attached
 // from before counts in the old map, which Open names, until attach
 // replaces it.
 func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 	queueFullAt := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.AcceptQueueFull))
 	mptcpAt := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.MptcpSyns))
+	resetsAt := int(unsafe.Offsetof(datapath.MoatSynPortStats{}.ResetsSent))
 	size := binary.Size(datapath.MoatSynPortStats{})
 	for _, tc := range []struct {
 		name      string
 		size      int    // of the pinned values
 		queueFull uint64 // accept_queue_full carried, per CPU
 		mptcp     uint64 // mptcp_syns carried, per CPU
+		resets    uint64 // resets_sent carried, per CPU
 	}{
-		{"older, before accept_queue_full", 200, 0, 0},
-		{"older, before mptcp_syns", mptcpAt, 3, 0},
-		{"newer, more after mptcp_syns", size + 16, 3, 4},
+		{"older, before accept_queue_full", 200, 0, 0, 0},
+		{"older, before mptcp_syns", mptcpAt, 3, 0, 0},
+		{"older, before resets_sent", resetsAt, 3, 4, 0},
+		{"newer, more after resets_sent", size + 16, 3, 4, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openFresh(t)
@@ -354,6 +357,9 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 				if tc.mptcp != 0 {
 					binary.NativeEndian.PutUint64(vals[cpu][mptcpAt:], tc.mptcp)
 				}
+				if tc.resets != 0 {
+					binary.NativeEndian.PutUint64(vals[cpu][resetsAt:], tc.resets)
+				}
 			}
 			if err := older.Update(slot, vals, ebpf.UpdateAny); err != nil {
 				t.Fatal(err)
@@ -376,7 +382,8 @@ func TestOpenTakesOverResizedSynCounters(t *testing.T) {
 					t.Fatal(err)
 				}
 				if len(st) != 1 || st[0].SYNs != 7*ncpu || st[0].CookiesIssued != 5*ncpu || st[0].SYNsPassed != 2*ncpu ||
-					st[0].AcceptQueueFull != tc.queueFull*ncpu || st[0].MPTCPSYNs != tc.mptcp*ncpu {
+					st[0].AcceptQueueFull != tc.queueFull*ncpu || st[0].MPTCPSYNs != tc.mptcp*ncpu ||
+					st[0].ResetsSent != tc.resets*ncpu {
 					t.Errorf("round %d: status %+v, want the old counters of tcp/443", round, st)
 				}
 				var per []datapath.MoatSynPortStats

@@ -180,6 +180,33 @@ type Config struct {
 	// DefaultRotation). The data path stops issuing cookies when the last
 	// rotation is older than StaleAfter(RotationPeriod).
 	RotationPeriod time.Duration
+	// ResetsPerSec is how many RSTs a second cookie mode may send, on
+	// each interface, for the ACKs it drops as stray (no socket, no
+	// cookie), as the kernel would answer them: a client whose
+	// connection this host no longer has (a reboot, a failover) learns
+	// so at once. Shared out among the online CPUs. 0: DefaultResets;
+	// negative: none.
+	ResetsPerSec int
+}
+
+// DefaultResets is Config.ResetsPerSec's default.
+const DefaultResets = 1000
+
+// maxResetsPerCPU is the most syn_config.rst_rate holds; one more means
+// none.
+const maxResetsPerCPU = 0xfffe
+
+// resetRate is syn_config.rst_rate for n RSTs a second (Config.ResetsPerSec)
+// over ncpu CPUs: each CPU's share, rounded up.
+func resetRate(n, ncpu int) uint16 {
+	if n < 0 {
+		return maxResetsPerCPU + 1
+	}
+	if n == 0 {
+		n = DefaultResets
+	}
+	per := (n + ncpu - 1) / ncpu
+	return uint16(min(per, maxResetsPerCPU))
 }
 
 // Configure writes the settings, with net.core.rmem_max as it is now: the
@@ -193,6 +220,7 @@ func Configure(settings *ebpf.Map, c Config) error {
 		MssV6:            c.MSSv6,
 		RcvWscale:        c.WScale,
 		RotationPeriodNs: uint64(c.RotationPeriod),
+		RstRate:          resetRate(c.ResetsPerSec, OnlineCPUs()),
 	}
 	if c.RotationPeriod < 0 {
 		return fmt.Errorf("rotation period %s: must not be negative", c.RotationPeriod)
@@ -623,6 +651,9 @@ type PortStatus struct {
 	// makes no connection from a cookie handshake that moat completes
 	// for one. Also in SYNsPassed.
 	MPTCPSYNs uint64 `json:"mptcp_syns"`
+	// RSTs sent for stray ACKs (Config.ResetsPerSec); those ACKs are
+	// also in ACKsDropped and CookiesRejected.
+	ResetsSent uint64 `json:"resets_sent"`
 }
 
 // Status reads the protected ports and sums their per-CPU counters.
@@ -670,6 +701,7 @@ func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
 			s.AcceptErrors += c.AcceptErrors
 			s.AcceptQueueFull += c.AcceptQueueFull
 			s.MPTCPSYNs += c.MptcpSyns
+			s.ResetsSent += c.ResetsSent
 			s.SYNsDropped += c.SynsDropped
 			s.SYNsPassed += c.SynsPassed
 			s.StaleKeySYNs += c.StaleKeySyns

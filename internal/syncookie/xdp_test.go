@@ -387,7 +387,9 @@ func setup(t *testing.T) *datapath.MoatObjects {
 	if err := InstallKey(objs.SynKeys, objs.SynRotation, 1, testKeys[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := Configure(objs.SynSettings, Config{}); err != nil {
+	// Stray ACKs are dropped rather than answered with RSTs
+	// (TestStrayAckReset): the tables here judge which ACKs are stray.
+	if err := Configure(objs.SynSettings, Config{ResetsPerSec: -1}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []struct {
@@ -1074,6 +1076,9 @@ func TestUnwrittenKeySlotSignsNothing(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if err := Configure(objs.SynSettings, Config{ResetsPerSec: -1}); err != nil {
+				t.Fatal(err)
+			}
 			if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAlways, 0); err != nil {
 				t.Fatal(err)
 			}
@@ -1146,7 +1151,7 @@ func TestAutoModeSwitches(t *testing.T) {
 	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAuto, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := Configure(objs.SynSettings, Config{Hold: 150 * time.Millisecond}); err != nil {
+	if err := Configure(objs.SynSettings, Config{Hold: 150 * time.Millisecond, ResetsPerSec: -1}); err != nil {
 		t.Fatal(err)
 	}
 	syn := synFrame(nil, client4, server4, testpkt.TCP{})
@@ -1239,6 +1244,10 @@ func TestPortWithoutSlotIsLeftAlone(t *testing.T) {
 func TestRoutedDestinations(t *testing.T) {
 	objs := loadObjects(t)
 	if _, err := Rotate(objs.SynKeys, objs.SynRotation); err != nil {
+		t.Fatal(err)
+	}
+	// Stray ACKs dropped, not answered with RSTs (TestStrayAckReset).
+	if err := Configure(objs.SynSettings, Config{ResetsPerSec: -1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, protectedPort, ModeAlways, 0); err != nil {

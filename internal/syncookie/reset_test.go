@@ -1,0 +1,341 @@
+package syncookie
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/testpkt"
+)
+
+// onesSum is the ones' complement sum of b as 16-bit big-endian words.
+func onesSum(sum uint32, b []byte) uint32 {
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	return sum
+}
+
+func foldsToZero(sum uint32) bool {
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return sum == 0xffff
+}
+
+// checkReset checks that out is the RST the kernel would send for the ACK
+// in: addresses and ports swapped, the ACK's acknowledgment number as the
+// sequence number, only RST set, no options or payload, TTL or hop limit
+// 64, tags kept; checksums summed here, apart from the program's.
+func checkReset(t *testing.T, in, out []byte) {
+	t.Helper()
+	ip := gopacket.NewPacket(in, layers.LayerTypeEthernet, gopacket.Default)
+	rp := gopacket.NewPacket(out, layers.LayerTypeEthernet, gopacket.Default)
+	ie, re := ip.Layer(layers.LayerTypeEthernet).(*layers.Ethernet), rp.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	it, rt := ip.Layer(layers.LayerTypeTCP).(*layers.TCP), rp.Layer(layers.LayerTypeTCP).(*layers.TCP)
+	if ie == nil || re == nil || it == nil || rt == nil {
+		t.Fatalf("not Ethernet and TCP: in %x, out %x", in, out)
+	}
+	if re.SrcMAC.String() != ie.DstMAC.String() || re.DstMAC.String() != ie.SrcMAC.String() {
+		t.Errorf("MACs %s > %s, want %s > %s", re.SrcMAC, re.DstMAC, ie.DstMAC, ie.SrcMAC)
+	}
+	iv, rv := ip.Layer(layers.LayerTypeDot1Q), rp.Layer(layers.LayerTypeDot1Q)
+	if (iv == nil) != (rv == nil) || (iv != nil && iv.(*layers.Dot1Q).VLANIdentifier != rv.(*layers.Dot1Q).VLANIdentifier) {
+		t.Errorf("VLAN tag %v, want %v", rv, iv)
+	}
+	var pseudo uint32
+	ipLen := 20
+	if i4, ok := ip.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ok {
+		r4, ok := rp.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		if !ok {
+			t.Fatalf("no IPv4 header in the RST %x", out)
+		}
+		if !r4.SrcIP.Equal(i4.DstIP) || !r4.DstIP.Equal(i4.SrcIP) || r4.TTL != 64 || r4.IHL != 5 || r4.Length != 40 ||
+			r4.Flags != layers.IPv4DontFragment || r4.Protocol != layers.IPProtocolTCP {
+			t.Errorf("IPv4 header %+v", r4)
+		}
+		if !foldsToZero(onesSum(0, r4.Contents)) {
+			t.Errorf("IPv4 header checksum %#04x does not add up", r4.Checksum)
+		}
+		pseudo = onesSum(onesSum(0, r4.SrcIP.To4()), r4.DstIP.To4()) + uint32(layers.IPProtocolTCP) + 20
+	} else {
+		i6 := ip.Layer(layers.LayerTypeIPv6).(*layers.IPv6)
+		r6, ok := rp.Layer(layers.LayerTypeIPv6).(*layers.IPv6)
+		if !ok {
+			t.Fatalf("no IPv6 header in the RST %x", out)
+		}
+		if !r6.SrcIP.Equal(i6.DstIP) || !r6.DstIP.Equal(i6.SrcIP) || r6.HopLimit != 64 || r6.Length != 20 ||
+			r6.NextHeader != layers.IPProtocolTCP || r6.FlowLabel != 0 {
+			t.Errorf("IPv6 header %+v", r6)
+		}
+		ipLen = 40
+		pseudo = onesSum(onesSum(0, r6.SrcIP), r6.DstIP) + uint32(layers.IPProtocolTCP) + 20
+	}
+	if rt.SrcPort != it.DstPort || rt.DstPort != it.SrcPort || rt.Seq != it.Ack || rt.Ack != 0 {
+		t.Errorf("RST %d > %d seq %d ack %d, want %d > %d seq %d ack 0", rt.SrcPort, rt.DstPort, rt.Seq, rt.Ack,
+			it.DstPort, it.SrcPort, it.Ack)
+	}
+	if !rt.RST || rt.ACK || rt.SYN || rt.FIN || rt.PSH || rt.URG || rt.ECE || rt.CWR || rt.DataOffset != 5 ||
+		rt.Window != 0 || rt.Urgent != 0 || len(rt.Payload) != 0 {
+		t.Errorf("TCP header %+v, want RST alone, 20 bytes, nothing after", rt)
+	}
+	if !foldsToZero(onesSum(pseudo, rt.Contents)) {
+		t.Errorf("TCP checksum %#04x does not add up", rt.Checksum)
+	}
+	l2 := len(ie.Contents)
+	if iv != nil {
+		l2 += len(iv.LayerContents())
+	}
+	if want := l2 + ipLen + 20; len(out) != want {
+		t.Errorf("frame of %d bytes, want %d: the Ethernet header and tags, and the two headers", len(out), want)
+	}
+}
+
+// TestStrayAckReset: in cookie mode an ACK that fits no socket and no
+// cookie is answered as the kernel would answer it, with a RST (XDP_TX),
+// within a budget of RSTs a second, and dropped beyond it or with the
+// budget at none. Test runs beside a listener: IPv4 with data and IP
+// options, IPv6, a VLAN tag, a FIN; the RST checked byte by byte.
+func TestStrayAckReset(t *testing.T) {
+	objs := setup(t)
+	stray := func(tcp testpkt.TCP, net testpkt.Network, tags []testpkt.Tag) []byte {
+		tcp.SrcPort, tcp.DstPort, tcp.ACK = clientPort, protectedPort, true
+		return testpkt.Frame{Tags: tags, Net: net, L4: tcp}.Bytes()
+	}
+	v4 := testpkt.IPv4{Src: client4, Dst: server4}
+	v6 := testpkt.IPv6{Src: client6, Dst: server6}
+	cases := []struct {
+		name  string
+		frame []byte
+	}{
+		{"ipv4", stray(testpkt.TCP{Seq: 1000, Ack: 0xdeadbeef, Options: tsOpts(5)}, v4, nil)},
+		{"ipv4 with data", stray(testpkt.TCP{Seq: 1000, Ack: 77, PSH: true, Payload: []byte("GET / HTTP/1.1\r\n\r\n")}, v4, nil)},
+		{"ipv4 with ip options", stray(testpkt.TCP{Seq: 1, Ack: 2}, testpkt.IPv4{Src: client4, Dst: server4, Options: []testpkt.IPv4Option{testpkt.RouterAlert()}}, nil)},
+		{"ipv6", stray(testpkt.TCP{Seq: 9, Ack: 0x80000000}, v6, nil)},
+		{"vlan", stray(testpkt.TCP{Seq: 9, Ack: 12345}, v4, testpkt.VLAN(100))},
+		{"fin", stray(testpkt.TCP{Seq: 9, Ack: 12346, FIN: true}, v6, testpkt.VLAN(7))},
+	}
+	if err := Configure(objs.SynSettings, Config{}); err != nil {
+		t.Fatal(err)
+	}
+	frames := make([][]byte, len(cases))
+	for i, c := range cases {
+		frames[i] = c.frame
+	}
+	rets, outs := verdicts(t, objs.MoatFilter, frames, nil)
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if rets[i] != 3 {
+				t.Fatalf("verdict %d, want XDP_TX (3)", rets[i])
+			}
+			checkReset(t, c.frame, outs[i])
+		})
+	}
+	st := portStatus(t, objs, protectedPort)
+	if n := uint64(len(cases)); st.ResetsSent != n || st.ACKsDropped != n || st.CookiesRejected != n {
+		t.Errorf("status %+v: want %d RSTs, ACKs dropped and cookies rejected", st, n)
+	}
+	if p, _ := counterOf(t, objs.Counters, 11, 0); p != uint64(len(cases)) { // REASON_SYN_DEFENCE, its XDP_TX slot
+		t.Errorf("syn_defence answered %d, want %d", p, len(cases))
+	}
+
+	// One RST a second per CPU: the test runs on one CPU, so the first
+	// stray ACK of the burst is answered and the rest are dropped; with
+	// RSTs off, all are.
+	for _, tc := range []struct {
+		name string
+		rate int
+		want []uint32
+	}{
+		{"budget of one", OnlineCPUs(), []uint32{3, 1, 1}},
+		{"none", -1, []uint32{1, 1, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := setup(t)
+			if err := Configure(objs.SynSettings, Config{ResetsPerSec: tc.rate}); err != nil {
+				t.Fatal(err)
+			}
+			rets, _ := verdicts(t, objs.MoatFilter, [][]byte{cases[0].frame, cases[0].frame, cases[3].frame}, nil)
+			for i := range rets {
+				if rets[i] != tc.want[i] {
+					t.Errorf("verdicts %v, want %v", rets, tc.want)
+					break
+				}
+			}
+		})
+	}
+}
+
+// TestStrayAckFindsAnUnmarkedSocket: an ACK of an established connection
+// that the socket census has not marked (its SYN came in another way)
+// looks stray to the census; before a RST, the socket lookup finds the
+// connection, and the ACK passes and its tuple is marked. With RSTs off it
+// is dropped (TestCensusTrust), until the next pass marks it.
+func TestStrayAckFindsAnUnmarkedSocket(t *testing.T) {
+	objs := setup(t)
+	if err := Configure(objs.SynSettings, Config{}); err != nil {
+		t.Fatal(err)
+	}
+	c := censusTable(t, objs.SynCensus)
+	const cport = 41000
+	client := netip.AddrPortFrom(client4, cport)
+	server := netip.AddrPortFrom(server4, protectedPort)
+	slot := CensusSlot(client, server)
+	ack := testpkt.Frame{Net: testpkt.IPv4{Src: client4, Dst: server4},
+		L4: testpkt.TCP{SrcPort: cport, DstPort: protectedPort, Seq: 12345, Ack: 67890, ACK: true}}.Bytes()
+	warm := synOf(netip.AddrPortFrom(client4, cport+1), server)
+	var verdictsSeen []uint32
+	marked := false
+	inScratchNetns(t, func() {
+		if err := loUpWith(client4, server4); err != nil {
+			t.Errorf("addresses on lo: %v", err)
+			return
+		}
+		ln := listen(t, protectedPort)
+		defer ln.Close()
+		conn, srv, err := dialFrom(ln, client, server)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		defer srv.Close()
+		// The census trusted, and the connection's slot unmarked. The
+		// warm-up SYN and the ACK must fall in one jiffy for the census
+		// to skip the lookup: a few tries.
+		for try := 0; try < 20 && !marked; try++ {
+			c.Generation, c.Floor, c.ValidUntilNs = 5, 4, bootNow()+uint64(time.Hour)
+			c.Marks[slot] = 0
+			run(t, objs.MoatFilter, warm)
+			c.Marks[slot] = 0 // the warm-up SYN's own tuple may share the slot
+			ret, _ := run(t, objs.MoatFilter, ack)
+			verdictsSeen = append(verdictsSeen, ret)
+			marked = c.Marks[slot] >= c.Floor
+		}
+	})
+	for _, v := range verdictsSeen {
+		if v != 2 {
+			t.Fatalf("verdicts %v: the ACK of a live connection must always pass", verdictsSeen)
+		}
+	}
+	if !marked {
+		t.Errorf("in %d tries the ACK never went the census's way and got its tuple marked", len(verdictsSeen))
+	}
+	if st := portStatus(t, objs, protectedPort); st.ResetsSent != 0 {
+		t.Errorf("%d RSTs sent", st.ResetsSent)
+	}
+}
+
+// TestGoneConnectionIsReset: a client whose connection the server no
+// longer has (a reboot, a failover; here the server's socket closed in
+// TCP_REPAIR mode, which sends nothing) gets a RST for its next segment,
+// as from the kernel, and learns at once that the connection is gone;
+// with RSTs off, cookie mode drops the segment and the client would send
+// it again for many minutes. Always mode, IPv4 and IPv6.
+func TestGoneConnectionIsReset(t *testing.T) {
+	s := newShielded(t, ModeAlways)
+	for _, tc := range []struct {
+		network string
+		resets  int
+		reset   bool
+	}{{"tcp4", 0, true}, {"tcp6", 0, true}, {"tcp4", -1, false}} {
+		t.Run(fmt.Sprintf("%s resets %d", tc.network, tc.resets), func(t *testing.T) {
+			if err := s.lab.Server.Do(func() error { return Configure(s.objs.SynSettings, Config{ResetsPerSec: tc.resets}) }); err != nil {
+				t.Fatal(err)
+			}
+			ln := s.listenTCP(t, tc.network, labPort, nil)
+			t.Cleanup(func() { ln.Close() })
+			acc := make(chan *net.TCPConn, 1)
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					acc <- c.(*net.TCPConn)
+				}
+			}()
+			c := s.dialTCP(t, tc.network, labPort).(*net.TCPConn)
+			t.Cleanup(func() { c.Close() })
+			var srv *net.TCPConn
+			select {
+			case srv = <-acc:
+			case <-time.After(5 * time.Second):
+				t.Fatal("not accepted")
+			}
+			if _, err := c.Write([]byte("one")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 3)
+			srv.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := io.ReadFull(srv, buf); err != nil {
+				t.Fatal(err)
+			}
+			// An answer, so that the client's next segment acknowledges
+			// more than the handshake (segments right behind a cookie's
+			// ACK pass as such, and the kernel resets them itself).
+			if _, err := srv.Write([]byte("ok!")); err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := io.ReadFull(c, buf); err != nil {
+				t.Fatal(err)
+			}
+			// The server forgets the connection without a word.
+			raw, err := srv.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var serr error
+			raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
+			if serr != nil {
+				t.Fatalf("TCP_REPAIR: %v", serr)
+			}
+			srv.Close()
+
+			before := s.status(t)
+			c.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+			_, werr := c.Write([]byte("two"))
+			var rerr error
+			if werr == nil {
+				_, rerr = c.Read(buf)
+			}
+			after := s.status(t)
+			reset := errors.Is(werr, syscall.ECONNRESET) || errors.Is(rerr, syscall.ECONNRESET)
+			if reset != tc.reset {
+				t.Fatalf("write %v, read %v: reset %t, want %t (syn status %+v)", werr, rerr, reset, tc.reset, after)
+			}
+			if tc.reset && after.ResetsSent == before.ResetsSent {
+				t.Errorf("resets sent %d -> %d", before.ResetsSent, after.ResetsSent)
+			}
+			if !tc.reset && (after.ResetsSent != before.ResetsSent || after.ACKsDropped == before.ACKsDropped) {
+				t.Errorf("with RSTs off: resets sent %d -> %d, ACKs dropped %d -> %d; want the segment dropped",
+					before.ResetsSent, after.ResetsSent, before.ACKsDropped, after.ACKsDropped)
+			}
+		})
+	}
+}
+
+// resetRate shares Config.ResetsPerSec out among the CPUs, rounding up, and
+// keeps to what syn_config.rst_rate holds, one more meaning none.
+func TestResetRate(t *testing.T) {
+	for _, tc := range []struct {
+		n, ncpu int
+		want    uint16
+	}{
+		{0, 2, DefaultResets / 2}, {-1, 4, 0xffff}, {1000, 3, 334}, {1, 8, 1}, {10_000_000, 1, 0xfffe},
+	} {
+		if got := resetRate(tc.n, tc.ncpu); got != tc.want {
+			t.Errorf("resetRate(%d, %d) = %d, want %d", tc.n, tc.ncpu, got, tc.want)
+		}
+	}
+}
