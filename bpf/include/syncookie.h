@@ -1375,7 +1375,9 @@ static __always_inline int syn_kernel_cookie(void *data, void *data_end, __u32 l
 }
 
 /* Whether this CPU's budget of stray-ACK resets has one left at now
- * (syn_config.rst_rate a second, up to a second's worth saved). */
+ * (syn_config.rst_rate a second, up to a second's worth saved). now is a
+ * port's clock (syn_clock): each port reads its own, so the next packet,
+ * to another port, may bring an earlier time; time only counts forward. */
 static __always_inline int syn_rst_take(__u64 now)
 {
 	struct syn_config *cfg = syn_get_config();
@@ -1389,10 +1391,16 @@ static __always_inline int syn_rst_take(__u64 now)
 	b = bpf_map_lookup_elem(&syn_rst_budget, &zero);
 	if (!b)
 		return 0;
-	credit = b->credit_ns + (now - b->stamp_ns);
-	if (!b->stamp_ns || credit > 1000000000ULL)
+	credit = b->credit_ns;
+	if (!b->stamp_ns) {
 		credit = 1000000000ULL;
-	b->stamp_ns = now;
+		b->stamp_ns = now;
+	} else if ((__s64)(now - b->stamp_ns) > 0) {
+		credit += now - b->stamp_ns;
+		b->stamp_ns = now;
+	}
+	if (credit > 1000000000ULL)
+		credit = 1000000000ULL;
 	if (credit * rate < 1000000000ULL) {
 		b->credit_ns = credit;
 		return 0;
@@ -1417,6 +1425,7 @@ static __always_inline int syn_rst_take(__u64 now)
 __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet *p,
 					      struct syn_port_stats *st, __u64 now)
 {
+	struct syn_recent *r;
 	void *data, *data_end;
 	struct tcphdr *th;
 	__u32 l3, l4, dst_mac, src_mac, tw[5];
@@ -1427,14 +1436,10 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 
 	if (!ctx || !p || !st)
 		return XDP_DROP;
-	if (!syn_rst_take(now))
+	/* Not a fragment's first part: the kernel answers the whole segment,
+	 * if it ever comes whole. */
+	if (p->first_fragment)
 		return XDP_DROP;
-	state = tcp_sock_state(ctx, p);
-	if (state >= 0 && state != BPF_TCP_LISTEN) {
-		syn_mark_packet(p);
-		return SYN_CONTINUE;
-	}
-
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
 	l3 = p->l3_off;
@@ -1445,6 +1450,22 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	if ((void *)(th + 1) > data_end)
 		return XDP_DROP;
 	seq = th->ack_seq;
+	/* Nor while the tuple's syn_recent slot holds another handshake of
+	 * the last 100 ms, or this one's with the same acknowledgment: this
+	 * may be a segment right behind a valid cookie ACK (whose entry
+	 * another handshake took over), whose socket the stack is yet to
+	 * make; dropped, it comes again. */
+	r = syn_recent_of(p);
+	if (r && (__u32)(now >> SYN_RECENT_UNIT_SHIFT) - r->stamp <= SYN_RECENT_UNITS &&
+	    (r->ack_seq == seq || !syn_recent_tuple(r, p)))
+		return XDP_DROP;
+	if (!syn_rst_take(now))
+		return XDP_DROP;
+	state = tcp_sock_state(ctx, p);
+	if (state >= 0 && state != BPF_TCP_LISTEN) {
+		syn_mark_packet(p);
+		return SYN_CONTINUE;
+	}
 
 	/* The RST's TCP header, then its checksum over the pseudo-header. */
 	tw[0] = SYN_WORD((__u32)p->dport << 16 | p->sport);

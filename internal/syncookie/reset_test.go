@@ -152,6 +152,15 @@ func TestStrayAckReset(t *testing.T) {
 		t.Errorf("syn_defence answered %d, want %d", p, len(cases))
 	}
 
+	// The first part of a fragmented segment gets no RST: the kernel
+	// answers the segment once whole.
+	t.Run("first fragment", func(t *testing.T) {
+		frag := stray(testpkt.TCP{Seq: 9, Ack: 12345, Payload: make([]byte, 64)}, testpkt.IPv4{Src: client4, Dst: server4, MF: true}, nil)
+		if rets, _ := verdicts(t, objs.MoatFilter, [][]byte{frag}, nil); rets[0] != 1 {
+			t.Errorf("verdict %d, want XDP_DROP (1)", rets[0])
+		}
+	})
+
 	// One RST a second per CPU: the test runs on one CPU, so the first
 	// stray ACK of the burst is answered and the rest are dropped; with
 	// RSTs off, all are.
@@ -337,5 +346,119 @@ func TestResetRate(t *testing.T) {
 		if got := resetRate(tc.n, tc.ncpu); got != tc.want {
 			t.Errorf("resetRate(%d, %d) = %d, want %d", tc.n, tc.ncpu, got, tc.want)
 		}
+	}
+}
+
+// TestStrayAckResetSparesHandshakes: a segment right behind a valid cookie
+// ACK passes as such while its syn_recent entry holds (the stack has yet
+// to make its socket). When another handshake has taken the entry over,
+// the segment looks stray; it is dropped, and sent again, never reset: a
+// RST would kill a live connection. A segment of the same tuple that
+// acknowledges something else is stray and gets its RST.
+func TestStrayAckResetSparesHandshakes(t *testing.T) {
+	objs := setup(t)
+	if err := Configure(objs.SynSettings, Config{}); err != nil {
+		t.Fatal(err)
+	}
+	server := netip.AddrPortFrom(server4, protectedPort)
+	x := Tuple{netip.AddrPortFrom(client4, clientPort), server}
+	// Another client port whose handshake takes the same syn_recent slot.
+	const recentMask = 1<<14 - 1
+	var y Tuple
+	for port := uint16(1024); port != 0; port++ {
+		c := netip.AddrPortFrom(client4, port)
+		if port != clientPort && CensusSlot(c, server)&recentMask == CensusSlot(x.Client, server)&recentMask {
+			y = Tuple{c, server}
+			break
+		}
+	}
+	if !y.Client.IsValid() {
+		t.Fatal("no client port shares the syn_recent slot")
+	}
+	meta := Meta(1460, true, 7, true, true, false, 1, false)
+	cookieX, tsX := CookieTS(testKeys[0], x, clientISN, meta, 5_000_000)
+	cookieY, tsY := CookieTS(testKeys[0], y, clientISN, meta, 5_000_000)
+	ackOf := func(tu Tuple, seq, ack, ts uint32, data int) []byte {
+		return testpkt.IP(tu.Client.Addr(), server4, testpkt.TCP{SrcPort: tu.Client.Port(), DstPort: protectedPort,
+			Seq: seq, Ack: ack, ACK: true, PSH: data > 0, Options: tsOpts(ts), Payload: make([]byte, data)})
+	}
+	for _, c := range []struct {
+		name   string
+		frames [][]byte
+		want   []uint32
+	}{
+		{"entry taken over", [][]byte{
+			ackOf(x, clientISN+1, cookieX+1, tsX, 0),
+			ackOf(y, clientISN+1, cookieY+1, tsY, 0),
+			ackOf(x, clientISN+1+1448, cookieX+1, tsX, 1000),
+		}, []uint32{2, 2, 1}},
+		{"same tuple, another acknowledgment", [][]byte{
+			ackOf(x, clientISN+1, cookieX+1, tsX, 0),
+			ackOf(x, clientISN+1+1448, cookieX+9, tsX, 1000),
+		}, []uint32{2, 3}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := make([]uint32, len(c.frames))
+			withListener(t, func() {
+				forgetHandshakes(t, objs.SynRecent)
+				for i, f := range c.frames {
+					got[i], _ = run(t, objs.MoatFilter, f)
+				}
+			})
+			for i := range got {
+				if got[i] != c.want[i] {
+					t.Errorf("verdicts %v, want %v", got, c.want)
+					break
+				}
+			}
+		})
+	}
+}
+
+// TestStrayAckResetBudgetAcrossPorts: the budget is the CPU's (and the
+// interface's), not each port's: at one RST a second, stray ACKs to two
+// ports in turn draw one RST. (Each port keeps its own clock for the
+// jiffy, so the next ACK, to another port, may bring an earlier time than
+// the last; syn_rst_take counts time only forward. Its old arithmetic
+// added the step back to a credit that spending had lowered, wrapped, and
+// refilled the bucket: that needs a RST spent between the two clocks,
+// which one RST a second does not give here.)
+func TestStrayAckResetBudgetAcrossPorts(t *testing.T) {
+	objs := setup(t)
+	const otherPort = 84
+	if err := Protect(objs.SynPorts, objs.SynCounters, objs.SynCensus, otherPort, ModeAlways, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := Configure(objs.SynSettings, Config{ResetsPerSec: OnlineCPUs()}); err != nil {
+		t.Fatal(err)
+	}
+	var frames [][]byte
+	for i := 0; i < 8; i++ {
+		port := uint16(protectedPort)
+		if i%2 == 1 {
+			port = otherPort
+		}
+		frames = append(frames, ackFrameOpts(client4, server4, port, clientISN+1, 0x5eed+uint32(i), false, nil))
+	}
+	got := make([]uint32, len(frames))
+	inScratchNetns(t, func() {
+		for _, port := range []uint16{protectedPort, otherPort} {
+			ln := listen(t, port)
+			defer ln.Close()
+		}
+		for i, f := range frames {
+			got[i], _ = run(t, objs.MoatFilter, f)
+		}
+	})
+	resets := 0
+	for _, v := range got {
+		if v == 3 {
+			resets++
+		} else if v != 1 {
+			t.Fatalf("verdicts %v: want RSTs (3) and drops (1) only", got)
+		}
+	}
+	if got[0] != 3 || resets != 1 {
+		t.Errorf("verdicts %v: want one RST, the first", got)
 	}
 }
