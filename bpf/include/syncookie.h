@@ -1067,6 +1067,94 @@ static __always_inline int synack_options(__u32 *w, const struct tcp_opts *o,
 	return i;
 }
 
+/* Makes the frame a reply to p of tcp_len bytes of TCP: keeps the
+ * Ethernet header and VLAN tags with the MAC addresses swapped, resizes
+ * the frame to them and a plain IP header (20 bytes, or 40) and the TCP
+ * bytes, and writes that IP header from p's addresses, swapped, with
+ * SYNACK_TTL. A frame shorter than the reply grows at the head, where XDP
+ * always has room; tailroom is not guaranteed (veth has none). Returns 0
+ * with *th at the TCP header and *end at the frame's end; SYN_CONTINUE
+ * when the frame is as it was; XDP_DROP when it was resized but could not
+ * be filled. */
+static __always_inline int syn_reply_frame(struct xdp_md *ctx, const struct packet *p, __u32 tcp_len,
+					   struct tcphdr **th, void **end)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 dst_mac, src_mac, len, l3 = p->l3_off;
+	__u16 dst_mac2, src_mac2, l2_type;
+	__u64 l2_tags;
+	int delta, iplen = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+
+	if (l3 > SYN_MAX_L3_OFF || data + SYN_MAX_L3_OFF > data_end)
+		return SYN_CONTINUE;
+	_Static_assert(SYN_MAX_L3_OFF == 22, "the Ethernet header and tags are kept as 12 + 2 + 8 bytes");
+	dst_mac = *(__u32 *)data;
+	dst_mac2 = *(__u16 *)(data + 4);
+	src_mac = *(__u32 *)(data + 6);
+	src_mac2 = *(__u16 *)(data + 10);
+	l2_type = *(__u16 *)(data + 12);
+	l2_tags = *(__u64 *)(data + 14);
+	/* The frame's length taken apart first: folded into the sum below,
+	 * the pointers would meet 32-bit arithmetic, which the verifier
+	 * refuses. */
+	len = data_end - data;
+	asm volatile("" : "+r"(len));
+	delta = (int)(l3 + iplen + tcp_len) - (int)len;
+	if (delta > 0 && bpf_xdp_adjust_head(ctx, -delta))
+		return SYN_CONTINUE;
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
+		return SYN_CONTINUE;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+
+	if (data + SYN_MAX_L3_OFF > data_end)
+		return XDP_DROP;
+	/* Addresses swapped; EtherType and tags (up to the IP header) kept. */
+	*(__u32 *)data = src_mac;
+	*(__u16 *)(data + 4) = src_mac2;
+	*(__u32 *)(data + 6) = dst_mac;
+	*(__u16 *)(data + 10) = dst_mac2;
+	*(__u16 *)(data + 12) = l2_type;
+	*(__u64 *)(data + 14) = l2_tags;
+
+	if (p->family == 4) {
+		__u32 *ip = data + l3;
+		/* Version 4, header length 5, TOS 0; ID 0 and DF. */
+		__u32 w0 = SYN_WORD(0x45 << 24 | (sizeof(struct iphdr) + tcp_len));
+		__u32 w1 = SYN_WORD(0x4000);
+		__u16 ttl_proto = bpf_htons(SYNACK_TTL << 8 | IPPROTO_TCP);
+		__u32 saddr = *(const __u32 *)p->daddr, daddr = *(const __u32 *)p->saddr;
+
+		if ((void *)(ip + 5) > data_end)
+			return XDP_DROP;
+		ip[0] = w0;
+		ip[1] = w1;
+		ip[2] = syn_word_halves(ttl_proto,
+					csum_fold32((__u64)w0 + w1 + syn_word_halves(ttl_proto, 0) + saddr + daddr));
+		ip[3] = saddr;
+		ip[4] = daddr;
+		*th = (void *)(ip + 5);
+	} else {
+		struct ipv6hdr *ip6h = data + l3;
+
+		if ((void *)(ip6h + 1) > data_end)
+			return XDP_DROP;
+		/* Version 6, traffic class and flow label 0. */
+		*(__be32 *)ip6h = bpf_htonl(0x60000000);
+		ip6h->payload_len = bpf_htons(tcp_len);
+		ip6h->nexthdr = IPPROTO_TCP;
+		ip6h->hop_limit = SYNACK_TTL;
+		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
+		__builtin_memcpy(&ip6h->daddr, p->saddr, 16);
+		*th = (void *)(ip6h + 1);
+	}
+	if ((void *)(*th + 1) > data_end)
+		return XDP_DROP;
+	*end = data_end;
+	return 0;
+}
+
 /* Answers a SYN with a SYN-ACK carrying a moat cookie, rewriting the frame
  * in place. Returns XDP_TX; XDP_DROP for a SYN moat will not answer (odd
  * shapes and addresses: passing them would let a flood of them reach the
@@ -1090,14 +1178,12 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	struct syn_key *k;
 	struct tcphdr *th;
 	struct ethhdr *eth;
-	__u32 dst_mac, src_mac;
-	__u16 dst_mac2, src_mac2, l2_type, check;
-	__u64 l2_tags;
+	__u16 check;
 	__be32 client_isn;
 	__u64 sum, h;
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
-	int ecn, delta, keys, i;
+	int ecn, keys, i, ret;
 	__u32 net = 0, tcp_len;
 
 	if (!ctx || !p || !st)
@@ -1257,72 +1343,11 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	sum += csum_words(tw, 4) + csum_words(ow, SYNACK_OPT_WORDS);
 	check = csum_fold32(sum);
 
-	/* Keep the Ethernet header and VLAN tags, then resize the frame to the
-	 * SYN-ACK: everything else is rebuilt from what was read above. A
-	 * short SYN grows at the head, where XDP always has room; tailroom is
-	 * not guaranteed (veth has none). */
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (data + SYN_MAX_L3_OFF > data_end)
-		return SYN_CONTINUE;
-	_Static_assert(SYN_MAX_L3_OFF == 22, "the Ethernet header and tags are kept as 12 + 2 + 8 bytes");
-	dst_mac = *(__u32 *)data;
-	dst_mac2 = *(__u16 *)(data + 4);
-	src_mac = *(__u32 *)(data + 6);
-	src_mac2 = *(__u16 *)(data + 10);
-	l2_type = *(__u16 *)(data + 12);
-	l2_tags = *(__u64 *)(data + 14);
-	delta = (int)(l4 + tcp_len) - (int)(data_end - data);
-	if (delta > 0 && bpf_xdp_adjust_head(ctx, -delta))
-		return SYN_CONTINUE;
-	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
-		return SYN_CONTINUE;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-
-	if (data + SYN_MAX_L3_OFF > data_end)
-		return XDP_DROP;
-	/* Addresses swapped; EtherType and tags (up to the IP header) kept. */
-	*(__u32 *)data = src_mac;
-	*(__u16 *)(data + 4) = src_mac2;
-	*(__u32 *)(data + 6) = dst_mac;
-	*(__u16 *)(data + 10) = dst_mac2;
-	*(__u16 *)(data + 12) = l2_type;
-	*(__u64 *)(data + 14) = l2_tags;
-
-	if (p->family == 4) {
-		__u32 *ip = data + l3;
-		/* Version 4, header length 5, TOS 0; ID 0 and DF. */
-		__u32 w0 = SYN_WORD(0x45 << 24 | (sizeof(struct iphdr) + tcp_len));
-		__u32 w1 = SYN_WORD(0x4000);
-		__u16 ttl_proto = bpf_htons(SYNACK_TTL << 8 | IPPROTO_TCP);
-		__u32 saddr = *(const __u32 *)p->daddr, daddr = *(const __u32 *)p->saddr;
-
-		if ((void *)(ip + 5) > data_end)
-			return XDP_DROP;
-		ip[0] = w0;
-		ip[1] = w1;
-		ip[2] = syn_word_halves(ttl_proto,
-					csum_fold32((__u64)w0 + w1 + syn_word_halves(ttl_proto, 0) + saddr + daddr));
-		ip[3] = saddr;
-		ip[4] = daddr;
-	} else {
-		struct ipv6hdr *ip6h = data + l3;
-
-		if ((void *)(ip6h + 1) > data_end)
-			return XDP_DROP;
-		/* Version 6, traffic class and flow label 0. */
-		*(__be32 *)ip6h = bpf_htonl(0x60000000);
-		ip6h->payload_len = bpf_htons(tcp_len);
-		ip6h->nexthdr = IPPROTO_TCP;
-		ip6h->hop_limit = SYNACK_TTL;
-		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
-		__builtin_memcpy(&ip6h->daddr, p->saddr, 16);
-	}
-
-	th = data + l4;
-	if ((void *)(th + 1) > data_end)
-		return XDP_DROP;
+	/* Everything past the Ethernet header and tags is rebuilt from what
+	 * was read above. */
+	ret = syn_reply_frame(ctx, p, tcp_len, &th, &data_end);
+	if (ret)
+		return ret;
 	((__u32 *)th)[0] = tw[0];
 	((__u32 *)th)[1] = tw[1];
 	((__u32 *)th)[2] = tw[2];
@@ -1428,11 +1453,10 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	struct syn_recent *r;
 	void *data, *data_end;
 	struct tcphdr *th;
-	__u32 l3, l4, dst_mac, src_mac, tw[5];
-	__u16 dst_mac2, src_mac2, l2_type;
-	__u64 l2_tags, sum;
+	__u32 l3, l4, tw[5];
 	__be32 seq;
-	int state, delta, iplen;
+	__u64 sum;
+	int state;
 
 	if (!ctx || !p || !st)
 		return XDP_DROP;
@@ -1480,59 +1504,9 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	sum += csum_words(tw, 4);
 	tw[4] = syn_word_halves(csum_fold32(sum), 0);
 
-	/* Keep the Ethernet header and tags, rebuild the rest, cut the frame
-	 * to it (it only shrinks: the ACK had both headers whole). */
-	dst_mac = *(__u32 *)data;
-	dst_mac2 = *(__u16 *)(data + 4);
-	src_mac = *(__u32 *)(data + 6);
-	src_mac2 = *(__u16 *)(data + 10);
-	l2_type = *(__u16 *)(data + 12);
-	l2_tags = *(__u64 *)(data + 14);
-	iplen = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
-	delta = (int)(l3 + iplen + sizeof(*th)) - (int)(data_end - data);
-	if (delta > 0 || (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)))
-		return XDP_DROP;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (data + SYN_MAX_L3_OFF > data_end)
-		return XDP_DROP;
-	*(__u32 *)data = src_mac;
-	*(__u16 *)(data + 4) = src_mac2;
-	*(__u32 *)(data + 6) = dst_mac;
-	*(__u16 *)(data + 10) = dst_mac2;
-	*(__u16 *)(data + 12) = l2_type;
-	*(__u64 *)(data + 14) = l2_tags;
-
-	if (p->family == 4) {
-		__u32 *ip = data + l3;
-		__u32 w0 = SYN_WORD(0x45 << 24 | (sizeof(struct iphdr) + sizeof(*th)));
-		__u32 w1 = SYN_WORD(0x4000);
-		__u16 ttl_proto = bpf_htons(SYNACK_TTL << 8 | IPPROTO_TCP);
-		__u32 saddr = *(const __u32 *)p->daddr, daddr = *(const __u32 *)p->saddr;
-
-		if ((void *)(ip + 5) > data_end)
-			return XDP_DROP;
-		ip[0] = w0;
-		ip[1] = w1;
-		ip[2] = syn_word_halves(ttl_proto,
-					csum_fold32((__u64)w0 + w1 + syn_word_halves(ttl_proto, 0) + saddr + daddr));
-		ip[3] = saddr;
-		ip[4] = daddr;
-		th = (void *)(ip + 5);
-	} else {
-		struct ipv6hdr *ip6h = data + l3;
-
-		if ((void *)(ip6h + 1) > data_end)
-			return XDP_DROP;
-		*(__be32 *)ip6h = bpf_htonl(0x60000000);
-		ip6h->payload_len = bpf_htons(sizeof(*th));
-		ip6h->nexthdr = IPPROTO_TCP;
-		ip6h->hop_limit = SYNACK_TTL;
-		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
-		__builtin_memcpy(&ip6h->daddr, p->saddr, 16);
-		th = (void *)(ip6h + 1);
-	}
-	if ((void *)(th + 1) > data_end)
+	/* The frame cut to the headers (the ACK had both whole, so it only
+	 * shrinks), everything past the Ethernet header and tags rebuilt. */
+	if (syn_reply_frame(ctx, p, sizeof(*th), &th, &data_end))
 		return XDP_DROP;
 	((__u32 *)th)[0] = tw[0];
 	((__u32 *)th)[1] = tw[1];

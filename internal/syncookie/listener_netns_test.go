@@ -151,32 +151,9 @@ func TestWindowScaleSettingReachesTheSocket(t *testing.T) {
 		wscale  uint8
 	}{{"tcp4", 3}, {"tcp4", 13}, {"tcp6", 5}} {
 		t.Run(fmt.Sprintf("%s scale %d", tc.network, tc.wscale), func(t *testing.T) {
-			if err := s.lab.Server.Do(func() error { return Configure(s.objs.SynSettings, Config{WScale: tc.wscale}) }); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := s.lab.Server.Do(func() error { return Configure(s.objs.SynSettings, Config{}) }); err != nil {
-					t.Error(err)
-				}
-			})
-			ln := s.listenTCP(t, tc.network, labPort, nil)
-			t.Cleanup(func() { ln.Close() })
-			acc := make(chan *net.TCPConn, 1)
-			go func() {
-				if c, err := ln.Accept(); err == nil {
-					acc <- c.(*net.TCPConn)
-				}
-			}()
+			s.configure(t, Config{WScale: tc.wscale})
 			before := s.status(t)
-			c := s.dialTCP(t, tc.network, labPort).(*net.TCPConn)
-			t.Cleanup(func() { c.Close() })
-			var srv *net.TCPConn
-			select {
-			case srv = <-acc:
-			case <-time.After(5 * time.Second):
-				t.Fatal("not accepted")
-			}
-			t.Cleanup(func() { srv.Close() })
+			c, srv := s.connect(t, tc.network)
 			if after := s.status(t); after.CookiesAccepted != before.CookiesAccepted+1 {
 				t.Fatalf("cookies accepted %d -> %d: not a moat handshake", before.CookiesAccepted, after.CookiesAccepted)
 			}
@@ -357,4 +334,42 @@ func (s *shielded) dialTCP(t *testing.T, network string, port uint16) net.Conn {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// configure writes c as the SYN settings for the rest of the test, and
+// the defaults back after it.
+func (s *shielded) configure(t *testing.T, c Config) {
+	t.Helper()
+	if err := s.lab.Server.Do(func() error { return Configure(s.objs.SynSettings, c) }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.lab.Server.Do(func() error { return Configure(s.objs.SynSettings, Config{}) }); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// connect opens a listener on labPort over network, connects to it from
+// the client and accepts: the client's end and the server's, closed with
+// the listener when the test ends.
+func (s *shielded) connect(t *testing.T, network string) (c, srv *net.TCPConn) {
+	t.Helper()
+	ln := s.listenTCP(t, network, labPort, nil)
+	t.Cleanup(func() { ln.Close() })
+	acc := make(chan *net.TCPConn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			acc <- c.(*net.TCPConn)
+		}
+	}()
+	c = s.dialTCP(t, network, labPort).(*net.TCPConn)
+	t.Cleanup(func() { c.Close() })
+	select {
+	case srv = <-acc:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not accepted")
+	}
+	t.Cleanup(func() { srv.Close() })
+	return c, srv
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -262,25 +261,8 @@ func TestGoneConnectionIsReset(t *testing.T) {
 		reset   bool
 	}{{"tcp4", 0, true}, {"tcp6", 0, true}, {"tcp4", -1, false}} {
 		t.Run(fmt.Sprintf("%s resets %d", tc.network, tc.resets), func(t *testing.T) {
-			if err := s.lab.Server.Do(func() error { return Configure(s.objs.SynSettings, Config{ResetsPerSec: tc.resets}) }); err != nil {
-				t.Fatal(err)
-			}
-			ln := s.listenTCP(t, tc.network, labPort, nil)
-			t.Cleanup(func() { ln.Close() })
-			acc := make(chan *net.TCPConn, 1)
-			go func() {
-				if c, err := ln.Accept(); err == nil {
-					acc <- c.(*net.TCPConn)
-				}
-			}()
-			c := s.dialTCP(t, tc.network, labPort).(*net.TCPConn)
-			t.Cleanup(func() { c.Close() })
-			var srv *net.TCPConn
-			select {
-			case srv = <-acc:
-			case <-time.After(5 * time.Second):
-				t.Fatal("not accepted")
-			}
+			s.configure(t, Config{ResetsPerSec: tc.resets})
+			c, srv := s.connect(t, tc.network)
 			if _, err := c.Write([]byte("one")); err != nil {
 				t.Fatal(err)
 			}

@@ -2,8 +2,6 @@ package syncookie
 
 import (
 	"bytes"
-	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -63,39 +61,20 @@ func TestSignedSyn(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := setup(t)
-			rets := make([]uint32, len(frames))
-			outs := make([][]byte, len(frames))
-			inScratchNetns(t, func() {
-				var lc net.ListenConfig
-				lc.SetMultipathTCP(false)
-				lc.Control = func(_, _ string, c syscall.RawConn) error {
-					var err error
-					if tc.key {
-						c.Control(func(fd uintptr) { err = setMD5Key(int(fd), client6, "moat-test-key") })
-					}
-					return err
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(false)
+			lc.Control = func(_, _ string, c syscall.RawConn) error {
+				var err error
+				if tc.key {
+					c.Control(func(fd uintptr) { err = setMD5Key(int(fd), client6, "moat-test-key") })
 				}
-				ln, err := lc.Listen(context.Background(), "tcp", fmt.Sprintf("[::]:%d", protectedPort))
-				if err != nil {
-					t.Errorf("listen: %v", err)
-					return
-				}
-				defer ln.Close()
-				for i, f := range frames {
-					rets[i], outs[i] = run(t, objs.MoatFilter, f)
-				}
-			})
-			if t.Failed() {
+				return err
+			}
+			rets, outs := verdictsBeside(t, objs.MoatFilter, lc, frames)
+			if rets == nil {
 				return
 			}
-			for i := range frames {
-				if rets[i] != tc.want {
-					t.Errorf("frame %d: verdict %d, want %d", i, rets[i], tc.want)
-				}
-				if rets[i] == 2 && !bytes.Equal(outs[i][:len(frames[i])], frames[i]) {
-					t.Errorf("frame %d passed changed", i)
-				}
-			}
+			checkPassedAsIs(t, frames, rets, outs, []uint32{tc.want, tc.want})
 			st, err := Status(objs.SynPorts, objs.SynCounters)
 			if err != nil {
 				t.Fatal(err)

@@ -197,6 +197,47 @@ func withListener(t testing.TB, fn func()) {
 	})
 }
 
+// verdictsBeside runs prog over each frame in a scratch namespace beside
+// a dual-stack listener on protectedPort of lc's making (rather than
+// listen's), returning verdicts and output frames; nil if the listener
+// failed, which it reports.
+func verdictsBeside(t *testing.T, prog *ebpf.Program, lc net.ListenConfig, frames [][]byte) ([]uint32, [][]byte) {
+	t.Helper()
+	rets := make([]uint32, len(frames))
+	outs := make([][]byte, len(frames))
+	ok := false
+	inScratchNetns(t, func() {
+		ln, err := lc.Listen(context.Background(), "tcp", fmt.Sprintf("[::]:%d", protectedPort))
+		if err != nil {
+			t.Errorf("listen: %v", err)
+			return
+		}
+		defer ln.Close()
+		for i, f := range frames {
+			rets[i], outs[i] = run(t, prog, f)
+		}
+		ok = true
+	})
+	if !ok {
+		return nil, nil
+	}
+	return rets, outs
+}
+
+// checkPassedAsIs checks each frame's verdict, and that one passed
+// (XDP_PASS) left the program unchanged.
+func checkPassedAsIs(t *testing.T, frames [][]byte, rets []uint32, outs [][]byte, want []uint32) {
+	t.Helper()
+	for i := range frames {
+		if rets[i] != want[i] {
+			t.Errorf("frame %d: verdict %d, want %d", i, rets[i], want[i])
+		}
+		if rets[i] == 2 && !bytes.Equal(outs[i][:len(frames[i])], frames[i]) {
+			t.Errorf("frame %d passed changed", i)
+		}
+	}
+}
+
 func run(t *testing.T, prog *ebpf.Program, frame []byte) (uint32, []byte) {
 	t.Helper()
 	opts := &ebpf.RunOptions{Data: bytes.Clone(frame), DataOut: make([]byte, len(frame)+256)}
