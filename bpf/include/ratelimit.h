@@ -201,6 +201,42 @@ static __always_inline void rl_block(const struct rl_src_key *k, struct rl_rule 
 		st->blocks++;
 }
 
+/* A full Ethernet frame with a VLAN tag: what a source limit's gate
+ * threshold takes each packet it passes for at most (trackPackets in
+ * internal/ratelimit). */
+#define RL_FULL_FRAME 1518
+
+/* The bytes to charge for the seen - 1 packets a gate let through before
+ * this one, whose lengths it did not keep, in ns of the byte bucket.
+ *
+ * The sampling gate charges none: its threshold is a random draw, so a
+ * source's burst is give or take it anyway, and a guess could only be too
+ * high for some source (small packets, then a large one sampled), which a
+ * limit with --block would then deny. The sketch gate charges each at
+ * this packet's length, up to a full frame, but never so much that this
+ * packet, at a bucket that was full, could not pass: charged at a long
+ * frame's length (jumbo, or GRO in generic mode), the packets before it
+ * would leave the bucket over its burst at once, whatever the rate.
+ * interval and tolerance are the rule's byte_interval and
+ * byte_tolerance. A function of its own, on scalars: inlined, it took
+ * rl_check's stack past what the verifier allows for the calls below it. */
+static __attribute__((noinline)) __u64 rl_gate_bytes(__u64 interval, __u64 tolerance, __u32 gate, __u32 seen,
+						      __u32 len)
+{
+	__u64 each, charge, own;
+
+	if (gate != RL_GATE_SKETCH || !interval || seen <= 1)
+		return 0;
+	each = len < RL_FULL_FRAME ? len : RL_FULL_FRAME;
+	charge = ((__u64)(seen - 1) * each * interval) >> RL_FP_SHIFT;
+	own = ((__u64)len * interval) >> RL_FP_SHIFT;
+	if (own > tolerance)
+		own = tolerance;
+	if (charge > tolerance - own)
+		charge = tolerance - own;
+	return charge;
+}
+
 /* A per-source limit. */
 static __always_inline int rl_source(const struct packet *p, __u32 id, struct rl_rule *r,
 				     const struct rl_config *set, __u64 now, __u32 len,
@@ -240,10 +276,10 @@ static __always_inline int rl_source(const struct packet *p, __u32 id, struct rl
 			seen = track;
 		}
 		/* What the gate let through is charged to the new bucket, so
-		 * the gate does not add to the burst. */
+		 * the gate does not add to the burst: its packets in full,
+		 * their bytes as rl_gate_bytes can tell. */
 		fresh.bucket.tat_pkts = now + (((__u64)(seen - 1) * r->pkt_interval) >> RL_FP_SHIFT);
-		fresh.bucket.tat_bytes =
-			now + (((__u64)(seen - 1) * len * r->byte_interval) >> RL_FP_SHIFT);
+		fresh.bucket.tat_bytes = now + rl_gate_bytes(r->byte_interval, r->byte_tolerance, gate, seen, len);
 		fresh.created_ns = now;
 		bpf_map_update_elem(&rl_sources, &key, &fresh, BPF_NOEXIST);
 		s = bpf_map_lookup_elem(&rl_sources, &key);
@@ -255,8 +291,7 @@ static __always_inline int rl_source(const struct packet *p, __u32 id, struct rl
 		 * are charged, so a source over its limit gains nothing from
 		 * the window turning. */
 		rl_charge(&s->bucket.tat_pkts, now, ((__u64)(seen - 1) * r->pkt_interval) >> RL_FP_SHIFT);
-		rl_charge(&s->bucket.tat_bytes, now,
-			  ((__u64)(seen - 1) * len * r->byte_interval) >> RL_FP_SHIFT);
+		rl_charge(&s->bucket.tat_bytes, now, rl_gate_bytes(r->byte_interval, r->byte_tolerance, gate, seen, len));
 	}
 	if (rl_conform(&s->bucket, r, now, len)) {
 		__sync_fetch_and_add(&s->passed, 1);
