@@ -82,7 +82,10 @@ func (g *globals) findDaemon(forChange bool) (*daemonClient, error) {
 		return nil, err
 	}
 	if holder == nil {
-		if dead && forChange && g.errOut != nil {
+		if dead && forChange && g.errOut != nil && !g.warned {
+			// Once a command: a command that asks again before it
+			// opens the state would give it twice.
+			g.warned = true
 			fmt.Fprintf(g.errOut, "moat: warning: no daemon answers on %s (stopped?): this change goes to the pinned maps "+
 				"alone, and a daemon that manages %s removes it at its next start unless its config has it\n", socket, g.root)
 		}

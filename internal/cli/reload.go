@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -19,23 +18,9 @@ func newReloadCmd(g *globals) *cobra.Command {
 		Short: "Make the running daemon read its config again; a bad config is refused and nothing changes",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			socket := socketPath()
-			if _, err := os.Stat(socket); err != nil {
-				return fmt.Errorf("no moat daemon: %v (set MOAT_SOCKET if it listens elsewhere)", err)
-			}
-			c := newDaemonClient(socket)
-			// A root named on purpose (--root, MOAT_ROOT) must be the
-			// daemon's: reloading another root's daemon would be a
-			// surprise. Without one, the daemon on the socket is meant.
-			if cmd.Flags().Changed("root") || os.Getenv("MOAT_ROOT") != "" {
-				var st daemon.Status
-				if err := c.call(http.MethodGet, "/v1/status", nil, &st); err != nil {
-					return err
-				}
-				if filepath.Clean(st.Root) != filepath.Clean(g.root) {
-					return usagef("the moat daemon on %s manages %s, not %s; set MOAT_SOCKET to the socket of the daemon of %s",
-						socket, st.Root, g.root, g.root)
-				}
+			c, err := g.reloadTarget(cmd.Flags().Changed("root") || os.Getenv("MOAT_ROOT") != "")
+			if err != nil {
+				return err
 			}
 			var res daemon.ReloadResult
 			if err := c.call("POST", "/v1/reload", nil, &res); err != nil {
@@ -79,4 +64,31 @@ func newReloadCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// reloadTarget is the daemon that reload asks. A root named on purpose
+// (--root, MOAT_ROOT) must be the daemon's: reloading another root's
+// daemon would be a surprise, and the daemon that manages it is found as
+// every other command finds it, on the socket or through the lock it
+// holds on the root (a daemon on a socket of its own). Without one, the
+// daemon on the socket is meant, or else the default root's.
+func (g *globals) reloadTarget(named bool) (*daemonClient, error) {
+	socket := socketPath()
+	_, statErr := os.Stat(socket)
+	if !named && statErr == nil {
+		return newDaemonClient(socket), nil
+	}
+	c, err := g.findDaemon(false)
+	if err != nil || c != nil {
+		return c, err
+	}
+	if statErr != nil {
+		return nil, fmt.Errorf("no moat daemon manages %s: none listens on %s, and none holds the root's lock (set MOAT_SOCKET if it listens elsewhere)", g.root, socket)
+	}
+	var st daemon.Status
+	if err := newDaemonClient(socket).call(http.MethodGet, "/v1/status", nil, &st); err != nil {
+		return nil, err
+	}
+	return nil, usagef("the moat daemon on %s manages %s, not %s; set MOAT_SOCKET to the socket of the daemon of %s",
+		socket, st.Root, g.root, g.root)
 }

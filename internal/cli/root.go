@@ -68,6 +68,7 @@ type globals struct {
 	root    string
 	created bool      // open found no state under root and so created it
 	errOut  io.Writer // the running command's stderr, for warnings
+	warned  bool      // the warning that no daemon answers was given
 }
 
 // NewRoot builds the command tree.
@@ -153,7 +154,13 @@ func (g *globals) openState() (*shield.Shield, error) {
 	if _, err := os.Stat(g.root); errors.Is(err, fs.ErrNotExist) {
 		g.created = true
 	}
-	return shield.Open(g.root)
+	s, err := shield.Open(g.root)
+	if err == nil {
+		for _, r := range s.Renamed {
+			fmt.Fprintf(os.Stderr, "moat: note: %s\n", r)
+		}
+	}
+	return s, err
 }
 
 // openExisting opens the pinned state for commands that only read it or

@@ -420,6 +420,9 @@ func (d *Daemon) withShield(fn func(*shield.Shield) error) error {
 		return err
 	}
 	defer s.Close()
+	for _, r := range s.Renamed {
+		d.log.Warn(r)
+	}
 	return fn(s)
 }
 

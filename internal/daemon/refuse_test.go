@@ -286,6 +286,13 @@ func TestReloadChecksTheRoot(t *testing.T) {
 		t.Errorf("the daemon reloaded for another root")
 	}
 	e.mustMoat("--root", e.root, "reload")
+
+	// With MOAT_SOCKET elsewhere, the root's daemon is found by the lock
+	// it holds, as every other command finds it.
+	elsewhere := filepath.Join(t.TempDir(), "none.sock")
+	if r := e.moatOn(elsewhere, "reload"); r.code != 0 || !strings.Contains(r.stdout, "reloaded") {
+		t.Errorf("reload with MOAT_SOCKET at %s: exit %d, stdout %q, stderr %q", elsewhere, r.code, r.stdout, r.stderr)
+	}
 }
 
 // TestPortRulesThatDoNotFitChangeNothing: port rules added through the

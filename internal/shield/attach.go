@@ -176,6 +176,14 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 		return AttachResult{}, userErrorf("no interface %q", name)
 	}
 	res := AttachResult{Iface: name}
+	// An interface renamed since attach takes its pins along first: the
+	// pins of the old name are then its own no more, and the new name
+	// finds its filter to replace.
+	renamed, err := s.followRenames()
+	if err != nil {
+		return res, err
+	}
+	res.Warning = strings.Join(renamed, "; ")
 	dir := s.ifaceDir(name)
 	if _, err := os.Stat(dir); err == nil {
 		if !pinnedLinkGone(dir, iface.Index) {
@@ -188,7 +196,7 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 		if err := os.RemoveAll(dir); err != nil {
 			return res, fmt.Errorf("remove the pins of the deleted %s: %w", name, err)
 		}
-		res.Warning = fmt.Sprintf("%s was deleted and made again since moat attached to it; attached anew, counters from zero", name)
+		res.Warning = strings.TrimPrefix(res.Warning+"; "+fmt.Sprintf("%s was deleted and made again since moat attached to it; attached anew, counters from zero", name), "; ")
 	}
 
 	objs, err := s.loadFilter(nil)
@@ -261,16 +269,57 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 // deleted (the kernel reports ifindex 0) or is another one now. When the
 // link cannot be read it is not called gone: replace reports the error.
 func pinnedLinkGone(dir string, ifindex int) bool {
+	idx, ok := pinnedIfindex(dir)
+	return ok && idx != ifindex
+}
+
+// pinnedIfindex is the interface that the XDP link pinned in dir attaches
+// to, 0 for one deleted since; ok is false when the link cannot be read.
+func pinnedIfindex(dir string) (ifindex int, ok bool) {
 	l, err := link.LoadPinnedLink(filepath.Join(dir, "link"), nil)
 	if err != nil {
-		return false
+		return 0, false
 	}
 	defer l.Close()
 	info, err := l.Info()
 	if err != nil || info.XDP() == nil {
-		return false
+		return 0, false
 	}
-	return info.XDP().Ifindex != uint32(ifindex)
+	return int(info.XDP().Ifindex), true
+}
+
+// followRenames moves the pins of each interface renamed since moat
+// attached to it under its new name, and says which it moved. Pins go by
+// name, links by index: a renamed interface keeps its filter, but under
+// its old name no command found it (status showed the old name, attach to
+// the new one met moat's own program), and attaching to a new interface of
+// the old name took the filter away from the renamed one. Pins whose new
+// name already has pins of its own stay where they are.
+func (s *Shield) followRenames() ([]string, error) {
+	pins, err := PinnedInterfaces(s.root)
+	if err != nil {
+		return nil, err
+	}
+	var moved []string
+	for _, p := range pins {
+		idx, ok := pinnedIfindex(p.Dir)
+		if !ok || idx == 0 {
+			continue
+		}
+		iface, err := net.InterfaceByIndex(idx)
+		if err != nil || iface.Name == p.Name {
+			continue
+		}
+		to := s.ifaceDir(iface.Name)
+		if _, err := os.Stat(to); err == nil {
+			continue
+		}
+		if err := os.Rename(p.Dir, to); err != nil {
+			return moved, fmt.Errorf("move the pins of %s, renamed %s: %w", p.Name, iface.Name, err)
+		}
+		moved = append(moved, fmt.Sprintf("%s was renamed %s since moat attached to it; its filter and counters follow it", p.Name, iface.Name))
+	}
+	return moved, nil
 }
 
 // replace swaps the program behind an interface's pinned link.

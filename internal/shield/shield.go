@@ -85,6 +85,9 @@ type Shield struct {
 	// which keeps SYN counters in the old map (and protects only the ports
 	// it knows), until `moat attach` replaces it.
 	SynOlderFilter string
+	// Renamed says which interfaces Open found renamed since moat
+	// attached to them, whose pins it moved under the new names.
+	Renamed []string
 }
 
 // Open opens the pinned state under root, creating the shared maps if they
@@ -122,6 +125,9 @@ func open(root string, sizes map[string]uint32) (*Shield, error) {
 	// use, which costs lookups, not verdicts: commands such as detach must
 	// still work, and status reports it.
 	s.SummaryErr = s.ensureSummary()
+	// Interfaces renamed since moat attached to them (followRenames). A
+	// failure is no reason to refuse the state: attach reports it.
+	s.Renamed, _ = s.followRenames()
 	return s, nil
 }
 

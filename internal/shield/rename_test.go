@@ -1,0 +1,123 @@
+package shield_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/moat-shield/moat/internal/shield"
+)
+
+// xdpProg is the ID of the XDP program on the interface name, 0 for none.
+func xdpProg(t *testing.T, name string) uint32 {
+	t.Helper()
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if x := l.Attrs().Xdp; x != nil && x.Attached {
+		return x.ProgId
+	}
+	return 0
+}
+
+func rename(t *testing.T, from, to string) {
+	t.Helper()
+	l, err := netlink.LinkByName(from)
+	if err == nil {
+		err = netlink.LinkSetDown(l)
+	}
+	if err == nil {
+		err = netlink.LinkSetName(l, to)
+	}
+	if err == nil {
+		err = netlink.LinkSetUp(l)
+	}
+	if err != nil {
+		t.Fatalf("rename %s to %s: %v", from, to, err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(to); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+}
+
+// TestRenamedInterfaceKeepsItsFilter: pins go by interface name, links by
+// index. An interface renamed since attach keeps its filter, and its pins
+// follow it to the new name: status shows the new name, attach to the new
+// name replaces the program in place (it met moat's own program before),
+// and attach to a new interface of the old name gets a filter of its own
+// and leaves the renamed one's alone (it took it away before, saying the
+// interface had been deleted and made again).
+func TestRenamedInterfaceKeepsItsFilter(t *testing.T) {
+	s := openFresh(t)
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	moved := a + "x"
+	rename(t, a, moved)
+	prog := xdpProg(t, moved)
+	if prog == 0 {
+		t.Fatal("the renamed interface lost its program")
+	}
+
+	// A new interface of the old name.
+	b, _ := vethPair(t)
+	rename(t, b, a)
+	res, err := s.Attach(a, shield.ModeGeneric)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.Warning, a+" was renamed "+moved) || strings.Contains(res.Warning, "deleted") {
+		t.Errorf("warning %q, want one saying %s was renamed %s", res.Warning, a, moved)
+	}
+	if xdpProg(t, moved) != prog {
+		t.Fatalf("attaching to the new %s took the filter off %s", a, moved)
+	}
+	if xdpProg(t, a) == 0 {
+		t.Fatalf("the new %s has no program", a)
+	}
+	atts, err := s.Attachments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	present := map[string]bool{}
+	for _, at := range atts {
+		present[at.Iface] = at.Present
+	}
+	if !present[a] || !present[moved] || len(atts) != 2 {
+		t.Errorf("attachments %+v, want %s and %s, both present", atts, a, moved)
+	}
+
+	// Attach to the new name replaces in place.
+	res, err = s.Attach(moved, shield.ModeGeneric)
+	if err != nil || !res.Replaced {
+		t.Fatalf("attach to %s: %+v, %v; want the program replaced in place", moved, res, err)
+	}
+
+	// A rename that Open finds: its pins move, and Open says so.
+	again := a + "y"
+	rename(t, moved, again)
+	root := s.Root()
+	s.Close()
+	s2, err := shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if len(s2.Renamed) != 1 || !strings.Contains(s2.Renamed[0], moved+" was renamed "+again) {
+		t.Errorf("Open found renamed %q, want %s renamed %s", s2.Renamed, moved, again)
+	}
+	if !s2.IsPinned(again) || s2.IsPinned(moved) {
+		t.Errorf("pins of %s: %t, of %s: %t; want them under the new name", again, s2.IsPinned(again), moved, s2.IsPinned(moved))
+	}
+	if err := s2.Detach(again); err != nil {
+		t.Errorf("detach %s: %v", again, err)
+	}
+	if xdpProg(t, again) != 0 {
+		t.Errorf("%s keeps a program after detach", again)
+	}
+}
