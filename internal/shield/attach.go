@@ -269,23 +269,24 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 // deleted (the kernel reports ifindex 0) or is another one now. When the
 // link cannot be read it is not called gone: replace reports the error.
 func pinnedLinkGone(dir string, ifindex int) bool {
-	idx, ok := pinnedIfindex(dir)
+	idx, _, ok := pinnedIfindex(dir)
 	return ok && idx != ifindex
 }
 
 // pinnedIfindex is the interface that the XDP link pinned in dir attaches
-// to, 0 for one deleted since; ok is false when the link cannot be read.
-func pinnedIfindex(dir string) (ifindex int, ok bool) {
+// to, 0 for one deleted since, and the link's program; ok is false when
+// the link cannot be read.
+func pinnedIfindex(dir string) (ifindex int, prog ebpf.ProgramID, ok bool) {
 	l, err := link.LoadPinnedLink(filepath.Join(dir, "link"), nil)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	defer l.Close()
 	info, err := l.Info()
 	if err != nil || info.XDP() == nil {
-		return 0, false
+		return 0, 0, false
 	}
-	return int(info.XDP().Ifindex), true
+	return int(info.XDP().Ifindex), info.Program, true
 }
 
 // followRenames moves the pins of each interface renamed since moat
@@ -302,8 +303,16 @@ func (s *Shield) followRenames() ([]string, error) {
 	}
 	var moved []string
 	for _, p := range pins {
-		idx, ok := pinnedIfindex(p.Dir)
+		idx, prog, ok := pinnedIfindex(p.Dir)
 		if !ok || idx == 0 {
+			continue
+		}
+		// An index names an interface of this network namespace only:
+		// the interface there must run the link's program, or the link
+		// is another namespace's (attached from within it), and its
+		// pins are left alone.
+		nl, err := netlink.LinkByIndex(idx)
+		if err != nil || nl.Attrs().Xdp == nil || nl.Attrs().Xdp.ProgId != uint32(prog) {
 			continue
 		}
 		iface, err := net.InterfaceByIndex(idx)

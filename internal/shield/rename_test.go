@@ -6,6 +6,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/moat-shield/moat/internal/lab"
 	"github.com/moat-shield/moat/internal/shield"
 )
 
@@ -119,5 +120,44 @@ func TestRenamedInterfaceKeepsItsFilter(t *testing.T) {
 	}
 	if xdpProg(t, again) != 0 {
 		t.Errorf("%s keeps a program after detach", again)
+	}
+}
+
+// TestRenameLeavesOtherNamespacesAlone: an interface index names an
+// interface of one network namespace. Pins of a filter attached from
+// within another namespace are not taken for a rename when the state is
+// opened from this one, where the same index may name any interface.
+func TestRenameLeavesOtherNamespacesAlone(t *testing.T) {
+	s := openFresh(t)
+	root := s.Root()
+	l := lab.NewT(t)
+	ifc := l.Server.Ifaces[1]
+	if err := l.Server.Do(func() error { _, err := s.Attach(ifc.Name, shield.ModeGeneric); return err }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	t.Cleanup(func() {
+		l.Server.Do(func() error {
+			s, err := shield.Open(root)
+			if err == nil {
+				err = s.Detach(ifc.Name)
+				s.Close()
+			}
+			return err
+		})
+	})
+	here, err := netlink.LinkByIndex(ifc.Index)
+	if err != nil {
+		t.Logf("no interface %d in this namespace: the test shows less", ifc.Index)
+	} else {
+		t.Logf("interface %d is %s here, %s in the lab's server", ifc.Index, here.Attrs().Name, ifc.Name)
+	}
+	s2, err := shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if len(s2.Renamed) != 0 || !s2.IsPinned(ifc.Name) {
+		t.Errorf("opened from another namespace: renamed %q, %s pinned %t; want the pins left alone", s2.Renamed, ifc.Name, s2.IsPinned(ifc.Name))
 	}
 }
