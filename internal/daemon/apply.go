@@ -200,7 +200,12 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 		keep[i.Name] = true
 	}
 	for name := range oldIfaces {
-		if !keep[name] {
+		// A name whose interface was renamed: its pins went with it,
+		// under the new name, which the config may list. This Shield
+		// may have moved them, or another before it (the state is opened
+		// for other work too); then the name has no pins, and no
+		// interface.
+		if !keep[name] && !renamedAway(s, name) {
 			warning, err := shield.FollowUp(s.Detach(name))
 			if err != nil {
 				return ch, err
@@ -734,4 +739,18 @@ func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (changed int, ro
 		changed++
 	}
 	return changed, rotated, nil
+}
+
+// renamedAway says whether the pins of interface name went with its
+// interface to a new name: this Shield moved them, or the name has no
+// pins and no interface.
+func renamedAway(s *shield.Shield, name string) bool {
+	if _, ok := s.RenamedTo(name); ok {
+		return true
+	}
+	if s.IsPinned(name) {
+		return false
+	}
+	_, err := net.InterfaceByName(name)
+	return err != nil
 }

@@ -436,3 +436,53 @@ func TestChangesThatCannotBeSavedAreTakenBack(t *testing.T) {
 		}
 	}
 }
+
+// A reload after the operator renamed an interface and changed the config
+// to match: the pins follow the rename, the filter on the interface is
+// taken over in place, and the old name, now without pins, is not
+// detached. Before, the reload failed part way on detaching the old name,
+// and so did every reload after it.
+func TestReloadAfterRename(t *testing.T) {
+	e := newEnv(t)
+	old := e.attackerIf()
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", old))
+	e.start()
+	const renamed = "mtrenamed0"
+	if err := e.lab.Server.Do(func() error {
+		l, err := netlink.LinkByName(old)
+		if err == nil {
+			err = netlink.LinkSetDown(l)
+		}
+		if err == nil {
+			err = netlink.LinkSetName(l, renamed)
+		}
+		if err == nil {
+			err = netlink.LinkSetUp(l)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.writeConfig(fmt.Sprintf("interfaces:\n  - name: %s\n", renamed))
+	for i := 0; i < 2; i++ {
+		if r := e.moat("reload"); r.code != 0 {
+			t.Fatalf("reload %d after the rename: exit %d, stderr %q\ndaemon log:\n%s", i+1, r.code, r.stderr, e.log)
+		}
+	}
+	var attached bool
+	if err := e.lab.Server.Do(func() error {
+		l, err := netlink.LinkByName(renamed)
+		if err == nil {
+			attached = l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !attached {
+		t.Errorf("%s has no XDP program after the reloads", renamed)
+	}
+	if !strings.Contains(e.log.String(), old+" was renamed "+renamed) {
+		t.Errorf("the daemon's log does not say that %s was renamed %s:\n%s", old, renamed, e.log)
+	}
+}

@@ -187,7 +187,10 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 	dir := s.ifaceDir(name)
 	if _, err := os.Stat(dir); err == nil {
 		if !pinnedLinkGone(dir, iface.Index) {
-			return s.replace(name, iface.Index, mode)
+			r, err := s.replace(name, iface.Index, mode)
+			r.Warning = strings.TrimPrefix(res.Warning+"; "+r.Warning, "; ")
+			r.Warning = strings.TrimSuffix(r.Warning, "; ")
+			return r, err
 		}
 		// The interface was deleted since moat attached to it, and one of
 		// the same name made since: the pinned links died with the old
@@ -289,19 +292,32 @@ func pinnedIfindex(dir string) (ifindex int, prog ebpf.ProgramID, ok bool) {
 	return int(info.XDP().Ifindex), info.Program, true
 }
 
+// RenamedTo says whether this Shield moved the pins of interface name to
+// its new name, and which (followRenames).
+func (s *Shield) RenamedTo(name string) (string, bool) {
+	to, ok := s.renamed[name]
+	return to, ok
+}
+
 // followRenames moves the pins of each interface renamed since moat
 // attached to it under its new name, and says which it moved. Pins go by
 // name, links by index: a renamed interface keeps its filter, but under
 // its old name no command found it (status showed the old name, attach to
 // the new one met moat's own program), and attaching to a new interface of
-// the old name took the filter away from the renamed one. Pins whose new
-// name already has pins of its own stay where they are.
+// the old name took the filter away from the renamed one.
+//
+// Pins already under the new name are a deleted interface's (their link
+// reports no interface), which go, or another live interface's, whose
+// pins stay where they are unless that interface was renamed too: names
+// swapped between interfaces move through temporary names.
 func (s *Shield) followRenames() ([]string, error) {
 	pins, err := PinnedInterfaces(s.root)
 	if err != nil {
 		return nil, err
 	}
-	var moved []string
+	type move struct{ from, to string }
+	var moves []move
+	leaving := map[string]bool{}
 	for _, p := range pins {
 		idx, prog, ok := pinnedIfindex(p.Dir)
 		if !ok || idx == 0 {
@@ -315,20 +331,50 @@ func (s *Shield) followRenames() ([]string, error) {
 		if err != nil || nl.Attrs().Xdp == nil || nl.Attrs().Xdp.ProgId != uint32(prog) {
 			continue
 		}
-		iface, err := net.InterfaceByIndex(idx)
-		if err != nil || iface.Name == p.Name {
-			continue
+		if name := nl.Attrs().Name; name != p.Name {
+			moves = append(moves, move{p.Name, name})
+			leaving[p.Name] = true
 		}
-		to := s.ifaceDir(iface.Name)
-		if _, err := os.Stat(to); err == nil {
-			continue
-		}
-		if err := os.Rename(p.Dir, to); err != nil {
-			return moved, fmt.Errorf("move the pins of %s, renamed %s: %w", p.Name, iface.Name, err)
-		}
-		moved = append(moved, fmt.Sprintf("%s was renamed %s since moat attached to it; its filter and counters follow it", p.Name, iface.Name))
 	}
-	return moved, nil
+	var todo []move
+	for _, m := range moves {
+		to := s.ifaceDir(m.to)
+		if _, err := os.Stat(to); err == nil && !leaving[m.to] {
+			idx, _, ok := pinnedIfindex(to)
+			if !ok || idx != 0 {
+				continue // a live interface's pins, or unreadable ones
+			}
+			if err := s.detach(m.to); err != nil {
+				return nil, fmt.Errorf("remove the pins of the deleted %s: %w", m.to, err)
+			}
+		}
+		todo = append(todo, m)
+	}
+	var moved []string
+	tmp := make([]string, len(todo))
+	for i, m := range todo {
+		tmp[i] = filepath.Join(s.ifacesDir(), fmt.Sprintf("%srename-%d", tmpPrefix, i))
+		if err := os.Rename(s.ifaceDir(m.from), tmp[i]); err != nil {
+			for j := i - 1; j >= 0; j-- {
+				os.Rename(tmp[j], s.ifaceDir(todo[j].from))
+			}
+			return nil, fmt.Errorf("move the pins of %s, renamed %s: %w", m.from, m.to, err)
+		}
+	}
+	var errs []error
+	for i, m := range todo {
+		if err := os.Rename(tmp[i], s.ifaceDir(m.to)); err != nil {
+			os.Rename(tmp[i], s.ifaceDir(m.from))
+			errs = append(errs, fmt.Errorf("move the pins of %s, renamed %s: %w", m.from, m.to, err))
+			continue
+		}
+		if s.renamed == nil {
+			s.renamed = map[string]string{}
+		}
+		s.renamed[m.from] = m.to
+		moved = append(moved, fmt.Sprintf("%s was renamed %s since moat attached to it; its filter and counters follow it", m.from, m.to))
+	}
+	return moved, errors.Join(errs...)
 }
 
 // replace swaps the program behind an interface's pinned link.

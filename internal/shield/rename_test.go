@@ -161,3 +161,64 @@ func TestRenameLeavesOtherNamespacesAlone(t *testing.T) {
 		t.Errorf("opened from another namespace: renamed %q, %s pinned %t; want the pins left alone", s2.Renamed, ifc.Name, s2.IsPinned(ifc.Name))
 	}
 }
+
+// TestSwappedAndStaleNames: two attached interfaces that swap names swap
+// their pins too (through temporary names), so detach by name takes the
+// filter off the interface that now has the name; and an interface renamed
+// to the name of a deleted one, whose pins moat still has, takes that name
+// over (it stayed under its old name, and attach to the new name failed
+// against its own program).
+func TestSwappedAndStaleNames(t *testing.T) {
+	s := openFresh(t)
+	a, _ := vethPair(t)
+	b, _ := vethPair(t)
+	for _, n := range []string{a, b} {
+		if _, err := s.Attach(n, shield.ModeGeneric); err != nil {
+			t.Fatal(err)
+		}
+	}
+	progA, progB := xdpProg(t, a), xdpProg(t, b)
+	tmp := a + "t"
+	rename(t, a, tmp)
+	rename(t, b, a)
+	rename(t, tmp, b)
+	root := s.Root()
+	s.Close()
+	s, err := shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Close() }()
+	if len(s.Renamed) != 2 {
+		t.Errorf("renamed %q, want both", s.Renamed)
+	}
+	if err := s.Detach(a); err != nil {
+		t.Fatal(err)
+	}
+	// a is the interface that had b's name, and b's program.
+	if xdpProg(t, a) != 0 || xdpProg(t, b) != progA {
+		t.Errorf("after detach %s: programs %d on %s and %d on %s; want none and %d (%d was %s's)",
+			a, xdpProg(t, a), a, xdpProg(t, b), b, progA, progB, b)
+	}
+
+	// b stays attached; a new interface c is attached and deleted, its pins
+	// left behind; then b is renamed c.
+	c, _ := vethPair(t)
+	if _, err := s.Attach(c, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := netlink.LinkByName(c); err == nil {
+		netlink.LinkDel(l)
+	}
+	rename(t, b, c)
+	res, err := s.Attach(c, shield.ModeGeneric)
+	if err != nil {
+		t.Fatalf("attach %s: %v", c, err)
+	}
+	if !res.Replaced || !strings.Contains(res.Warning, b+" was renamed "+c) {
+		t.Errorf("attach %s: %+v; want the program replaced in place, and the rename said", c, res)
+	}
+	if s.IsPinned(b) || !s.IsPinned(c) || xdpProg(t, c) == 0 {
+		t.Errorf("pins of %s: %t, of %s: %t, program on %s: %d", b, s.IsPinned(b), c, s.IsPinned(c), c, xdpProg(t, c))
+	}
+}

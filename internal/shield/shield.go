@@ -88,6 +88,7 @@ type Shield struct {
 	// Renamed says which interfaces Open found renamed since moat
 	// attached to them, whose pins it moved under the new names.
 	Renamed []string
+	renamed map[string]string // old name to new, of every move (RenamedTo)
 }
 
 // Open opens the pinned state under root, creating the shared maps if they
