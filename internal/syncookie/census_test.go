@@ -184,20 +184,7 @@ func TestCensusTrust(t *testing.T) {
 		{"trusted, no mark", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12 }, 3, 1},
 	}
 	got := make([][2]uint32, len(rows))
-	inScratchNetns(t, func() {
-		if err := loUpWith(client4, server4); err != nil {
-			t.Errorf("addresses on lo: %v", err)
-			return
-		}
-		ln := listen(t, protectedPort)
-		defer ln.Close()
-		conn, srv, err := dialFrom(ln, client, server)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		defer srv.Close()
+	withConnection(t, client, server, func() {
 		for i, r := range rows {
 			c.Marks[slot] = 0
 			fromOfPort(0)
@@ -496,6 +483,29 @@ func TestCensusReportsFailuresOnce(t *testing.T) {
 	if passes[1].Generation != 3 {
 		t.Errorf("the pass that worked again is generation %d, want 3", passes[1].Generation)
 	}
+}
+
+// withConnection runs fn in a scratch namespace (inScratchNetns) with the
+// addresses of client and server on lo, a listener on protectedPort, and
+// one connection from client to server.
+func withConnection(t *testing.T, client, server netip.AddrPort, fn func()) {
+	t.Helper()
+	inScratchNetns(t, func() {
+		if err := loUpWith(client.Addr(), server.Addr()); err != nil {
+			t.Errorf("addresses on lo: %v", err)
+			return
+		}
+		ln := listen(t, protectedPort)
+		defer ln.Close()
+		conn, srv, err := dialFrom(ln, client, server)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		defer srv.Close()
+		fn()
+	})
 }
 
 // loUpWith brings lo up in the calling thread's namespace with addrs on

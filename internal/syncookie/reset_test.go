@@ -207,20 +207,7 @@ func TestStrayAckFindsAnUnmarkedSocket(t *testing.T) {
 	warm := synOf(netip.AddrPortFrom(client4, cport+1), server)
 	var verdictsSeen []uint32
 	marked := false
-	inScratchNetns(t, func() {
-		if err := loUpWith(client4, server4); err != nil {
-			t.Errorf("addresses on lo: %v", err)
-			return
-		}
-		ln := listen(t, protectedPort)
-		defer ln.Close()
-		conn, srv, err := dialFrom(ln, client, server)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		defer srv.Close()
+	withConnection(t, client, server, func() {
 		// The census trusted, and the connection's slot unmarked. The
 		// warm-up SYN and the ACK must fall in one jiffy for the census
 		// to skip the lookup: a few tries.
