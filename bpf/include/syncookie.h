@@ -1033,6 +1033,16 @@ static __always_inline __u64 csum_words(const void *buf, const int nwords)
 	return sum;
 }
 
+/* The sum of the TCP pseudo-header of a reply to p (its addresses, which
+ * the sum does not order) with tcp_len bytes of TCP. */
+static __always_inline __u64 syn_pseudo_sum(const struct packet *p, __u32 tcp_len)
+{
+	if (p->family == 4)
+		return (__u64)*(const __u32 *)p->saddr + *(const __u32 *)p->daddr +
+		       SYN_WORD(IPPROTO_TCP << 16 | tcp_len);
+	return csum_words(p->saddr, 8) + SYN_WORD(tcp_len) + SYN_WORD(IPPROTO_TCP);
+}
+
 static __always_inline __u16 csum_fold32(__u64 sum)
 {
 	sum = (sum & 0xffff) + (sum >> 16);
@@ -1335,12 +1345,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 
 	/* The pseudo-header, then the header without its checksum (and a zero
 	 * urgent pointer) and the options, whose unused words are zero. */
-	if (p->family == 4)
-		sum = (__u64)*(const __u32 *)p->saddr + *(const __u32 *)p->daddr +
-		      SYN_WORD(IPPROTO_TCP << 16 | tcp_len);
-	else
-		sum = csum_words(p->saddr, 8) + SYN_WORD(tcp_len) + SYN_WORD(IPPROTO_TCP);
-	sum += csum_words(tw, 4) + csum_words(ow, SYNACK_OPT_WORDS);
+	sum = syn_pseudo_sum(p, tcp_len) + csum_words(tw, 4) + csum_words(ow, SYNACK_OPT_WORDS);
 	check = csum_fold32(sum);
 
 	/* Everything past the Ethernet header and tags is rebuilt from what
@@ -1450,6 +1455,7 @@ static __always_inline int syn_rst_take(__u64 now)
 __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet *p,
 					      struct syn_port_stats *st, __u64 now)
 {
+	const struct tcp_opts *o;
 	struct syn_recent *r;
 	void *data, *data_end;
 	struct tcphdr *th;
@@ -1473,6 +1479,15 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	th = data + (l4 & SYN_L4_MASK);
 	if ((void *)(th + 1) > data_end)
 		return XDP_DROP;
+	/* Nor to what the kernel would drop before TCP sees it (a group MAC;
+	 * a broadcast, multicast, loopback or unspecified address), nor to a
+	 * segment signed with TCP-MD5 or TCP-AO, whose RST would have to be
+	 * signed too. */
+	if (!syn_addrs_unicast(data, p))
+		return XDP_DROP;
+	o = xdp_tcp_options(ctx, p);
+	if (o && o->signed_seg)
+		return XDP_DROP;
 	seq = th->ack_seq;
 	/* Nor while the tuple's syn_recent slot holds another handshake of
 	 * the last 100 ms, or this one's with the same acknowledgment: this
@@ -1485,23 +1500,16 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 		return XDP_DROP;
 	if (!syn_rst_take(now))
 		return XDP_DROP;
-	state = tcp_sock_state(ctx, p);
-	if (state >= 0 && state != BPF_TCP_LISTEN) {
-		syn_mark_packet(p);
+	state = syn_mark_connecting(ctx, p);
+	if (state >= 0 && state != BPF_TCP_LISTEN)
 		return SYN_CONTINUE;
-	}
 
 	/* The RST's TCP header, then its checksum over the pseudo-header. */
 	tw[0] = SYN_WORD((__u32)p->dport << 16 | p->sport);
 	tw[1] = seq;
 	tw[2] = 0;
 	tw[3] = SYN_WORD(5 << 28 | (__u32)TCPF_RST << 16);
-	if (p->family == 4)
-		sum = (__u64)*(const __u32 *)p->saddr + *(const __u32 *)p->daddr +
-		      SYN_WORD(IPPROTO_TCP << 16 | sizeof(*th));
-	else
-		sum = csum_words(p->saddr, 8) + SYN_WORD(sizeof(*th)) + SYN_WORD(IPPROTO_TCP);
-	sum += csum_words(tw, 4);
+	sum = syn_pseudo_sum(p, sizeof(*th)) + csum_words(tw, 4);
 	tw[4] = syn_word_halves(csum_fold32(sum), 0);
 
 	/* The frame cut to the headers (the ACK had both whole, so it only

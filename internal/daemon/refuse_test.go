@@ -293,6 +293,10 @@ func TestReloadChecksTheRoot(t *testing.T) {
 	if r := e.moatOn(elsewhere, "reload"); r.code != 0 || !strings.Contains(r.stdout, "reloaded") {
 		t.Errorf("reload with MOAT_SOCKET at %s: exit %d, stdout %q, stderr %q", elsewhere, r.code, r.stdout, r.stderr)
 	}
+	// And a root no daemon manages, with no socket there either.
+	if r := e.moatOn(elsewhere, "--root", other, "reload"); r.code == 0 || !strings.Contains(r.stderr, "no moat daemon manages "+other) {
+		t.Errorf("reload of a root no daemon manages: exit %d, stderr %q", r.code, r.stderr)
+	}
 }
 
 // TestPortRulesThatDoNotFitChangeNothing: port rules added through the

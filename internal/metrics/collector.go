@@ -137,7 +137,7 @@ var (
 	synMPTCPDesc = desc("moat_syncookie_mptcp_syns_total",
 		"SYNs left to the kernel in cookie mode because the listener is MPTCP: the kernel makes no connection from a moat cookie for one. Also in moat_syncookie_syns_passed_total.", "port")
 	synResetsDesc = desc("moat_syncookie_resets_sent_total",
-		"RSTs sent from XDP in cookie mode for ACKs that fit no socket and no cookie, as the kernel would answer them (syn.stray_ack_resets a second at most); those ACKs also count in moat_syncookie_acks_dropped_total.", "port")
+		"RSTs sent from XDP in cookie mode for ACKs that fit no socket and no cookie, as the kernel would answer them (about syn.stray_ack_resets a second per interface); those ACKs also count in moat_syncookie_acks_dropped_total.", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",

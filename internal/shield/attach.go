@@ -292,6 +292,10 @@ func pinnedIfindex(dir string) (ifindex int, prog ebpf.ProgramID, ok bool) {
 	return int(info.XDP().Ifindex), info.Program, true
 }
 
+// renamePrefix names the pins that followRenames moves in two steps, between
+// them: a tmpPrefix name, which the pin listings skip.
+var renamePrefix = tmpPrefix + "rename-"
+
 // RenamedTo says whether this Shield moved the pins of interface name to
 // its new name, and which (followRenames).
 func (s *Shield) RenamedTo(name string) (string, bool) {
@@ -315,7 +319,16 @@ func (s *Shield) followRenames() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	type move struct{ from, to string }
+	// Pins that a move cut short left under a temporary name (below)
+	// are moved to their interface's name like the others.
+	if ents, err := os.ReadDir(s.ifacesDir()); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), renamePrefix) {
+				pins = append(pins, PinnedInterface{Dir: filepath.Join(s.ifacesDir(), e.Name())})
+			}
+		}
+	}
+	type move struct{ from, to, dir string }
 	var moves []move
 	leaving := map[string]bool{}
 	for _, p := range pins {
@@ -332,7 +345,7 @@ func (s *Shield) followRenames() ([]string, error) {
 			continue
 		}
 		if name := nl.Attrs().Name; name != p.Name {
-			moves = append(moves, move{p.Name, name})
+			moves = append(moves, move{p.Name, name, p.Dir})
 			leaving[p.Name] = true
 		}
 	}
@@ -350,13 +363,15 @@ func (s *Shield) followRenames() ([]string, error) {
 		}
 		todo = append(todo, m)
 	}
+	// Two steps, through temporary names, so that names swapped between
+	// interfaces never meet.
 	var moved []string
 	tmp := make([]string, len(todo))
 	for i, m := range todo {
-		tmp[i] = filepath.Join(s.ifacesDir(), fmt.Sprintf("%srename-%d", tmpPrefix, i))
-		if err := os.Rename(s.ifaceDir(m.from), tmp[i]); err != nil {
+		tmp[i] = filepath.Join(s.ifacesDir(), fmt.Sprintf("%s%d-%d", renamePrefix, os.Getpid(), i))
+		if err := os.Rename(m.dir, tmp[i]); err != nil {
 			for j := i - 1; j >= 0; j-- {
-				os.Rename(tmp[j], s.ifaceDir(todo[j].from))
+				os.Rename(tmp[j], todo[j].dir)
 			}
 			return nil, fmt.Errorf("move the pins of %s, renamed %s: %w", m.from, m.to, err)
 		}
@@ -364,12 +379,18 @@ func (s *Shield) followRenames() ([]string, error) {
 	var errs []error
 	for i, m := range todo {
 		if err := os.Rename(tmp[i], s.ifaceDir(m.to)); err != nil {
-			os.Rename(tmp[i], s.ifaceDir(m.from))
+			// Back where they were; or else left under the temporary
+			// name, which the next look moves on.
+			os.Rename(tmp[i], m.dir)
 			errs = append(errs, fmt.Errorf("move the pins of %s, renamed %s: %w", m.from, m.to, err))
 			continue
 		}
 		if s.renamed == nil {
 			s.renamed = map[string]string{}
+		}
+		if m.from == "" {
+			moved = append(moved, fmt.Sprintf("the pins of %s, left aside by a move cut short, are back under its name", m.to))
+			continue
 		}
 		s.renamed[m.from] = m.to
 		moved = append(moved, fmt.Sprintf("%s was renamed %s since moat attached to it; its filter and counters follow it", m.from, m.to))

@@ -1,6 +1,8 @@
 package shield_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -220,5 +222,33 @@ func TestSwappedAndStaleNames(t *testing.T) {
 	}
 	if s.IsPinned(b) || !s.IsPinned(c) || xdpProg(t, c) == 0 {
 		t.Errorf("pins of %s: %t, of %s: %t, program on %s: %d", b, s.IsPinned(b), c, s.IsPinned(c), c, xdpProg(t, c))
+	}
+}
+
+// TestRenameCutShortIsRecovered: pins that a move cut short left under a
+// temporary name (which the pin listings skip) are moved back under their
+// interface's name the next time the state is opened.
+func TestRenameCutShortIsRecovered(t *testing.T) {
+	s := openFresh(t)
+	a, _ := vethPair(t)
+	if _, err := s.Attach(a, shield.ModeGeneric); err != nil {
+		t.Fatal(err)
+	}
+	root := s.Root()
+	s.Close()
+	ifaces := filepath.Join(root, "ifaces")
+	if err := os.Rename(filepath.Join(ifaces, a), filepath.Join(ifaces, "tmp-rename-1-0")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := shield.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.IsPinned(a) || len(s.Renamed) != 1 || !strings.Contains(s.Renamed[0], "back under its name") {
+		t.Errorf("pinned %t, renamed %q; want %s's pins back under its name", s.IsPinned(a), s.Renamed, a)
+	}
+	if err := s.Detach(a); err != nil || xdpProg(t, a) != 0 {
+		t.Errorf("detach %s: %v; program %d after it", a, err, xdpProg(t, a))
 	}
 }

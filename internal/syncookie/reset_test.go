@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -150,6 +151,17 @@ func TestStrayAckReset(t *testing.T) {
 	if p, _ := counterOf(t, objs.Counters, 11, 0); p != uint64(len(cases)) { // REASON_SYN_DEFENCE, its XDP_TX slot
 		t.Errorf("syn_defence answered %d, want %d", p, len(cases))
 	}
+
+	// What the kernel would drop before TCP sees it gets no RST, nor does
+	// a segment signed with TCP-MD5, whose RST would have to be signed.
+	t.Run("not answered", func(t *testing.T) {
+		bcast := testpkt.Frame{DstMAC: net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, Net: v4,
+			L4: testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, ACK: true, Seq: 9, Ack: 12345}}.Bytes()
+		signed := stray(testpkt.TCP{Seq: 9, Ack: 12345, Options: []layers.TCPOption{md5Option(), testpkt.TCPNOP(), testpkt.TCPNOP()}}, v4, nil)
+		if rets, _ := verdicts(t, objs.MoatFilter, [][]byte{bcast, signed}, nil); rets[0] != 1 || rets[1] != 1 {
+			t.Errorf("verdicts %v for a broadcast frame and a signed segment, want XDP_DROP (1) for both", rets)
+		}
+	})
 
 	// The first part of a fragmented segment gets no RST: the kernel
 	// answers the segment once whole.
