@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"golang.org/x/sys/unix"
 
+	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/testpkt"
 )
 
@@ -176,17 +178,29 @@ func TestStrayAckReset(t *testing.T) {
 	// stray ACK of the burst is answered and the rest are dropped; with
 	// RSTs off, all are.
 	for _, tc := range []struct {
-		name string
-		rate int
-		want []uint32
+		name      string
+		rate      int
+		unwritten bool // rst_rate 0, as in settings an older moat wrote: the data path's default
+		want      []uint32
 	}{
-		{"budget of one", OnlineCPUs(), []uint32{3, 1, 1}},
-		{"none", -1, []uint32{1, 1, 1}},
+		{"budget of one", OnlineCPUs(), false, []uint32{3, 1, 1}},
+		{"none", -1, false, []uint32{1, 1, 1}},
+		{"unwritten: the default", 0, true, []uint32{3, 3, 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := setup(t)
 			if err := Configure(objs.SynSettings, Config{ResetsPerSec: tc.rate}); err != nil {
 				t.Fatal(err)
+			}
+			if tc.unwritten {
+				var v datapath.MoatSynConfig
+				if err := objs.SynSettings.Lookup(uint32(0), &v); err != nil {
+					t.Fatal(err)
+				}
+				v.RstRate = 0
+				if err := objs.SynSettings.Update(uint32(0), v, ebpf.UpdateAny); err != nil {
+					t.Fatal(err)
+				}
 			}
 			rets, _ := verdicts(t, objs.MoatFilter, [][]byte{cases[0].frame, cases[0].frame, cases[3].frame}, nil)
 			for i := range rets {
