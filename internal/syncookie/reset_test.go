@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -203,11 +204,8 @@ func TestStrayAckReset(t *testing.T) {
 				}
 			}
 			rets, _ := verdicts(t, objs.MoatFilter, [][]byte{cases[0].frame, cases[0].frame, cases[3].frame}, nil)
-			for i := range rets {
-				if rets[i] != tc.want[i] {
-					t.Errorf("verdicts %v, want %v", rets, tc.want)
-					break
-				}
+			if !slices.Equal(rets, tc.want) {
+				t.Errorf("verdicts %v, want %v", rets, tc.want)
 			}
 		})
 	}
@@ -400,11 +398,8 @@ func TestStrayAckResetSparesHandshakes(t *testing.T) {
 					got[i], _ = run(t, objs.MoatFilter, f)
 				}
 			})
-			for i := range got {
-				if got[i] != c.want[i] {
-					t.Errorf("verdicts %v, want %v", got, c.want)
-					break
-				}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("verdicts %v, want %v", got, c.want)
 			}
 		})
 	}
