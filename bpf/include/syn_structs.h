@@ -248,9 +248,11 @@ struct syn_config {
 	__u64 rotation_period_ns;
 };
 
-/* Slots of the socket census: 2^17 generations, 512 KiB, which the L2
- * cache of a core holds (the kernel's established hash is larger and
- * random SYNs miss it). */
+/* Slots of the socket census: 2^17 of 4 bits, 64 KiB. A random SYN reads
+ * one slot: a table of 32-bit generations (512 KiB) missed the cache there
+ * under a flood, one load that took 4% of a CPU answering SYNs with the
+ * generator beside it and 8% of one answering them on its own (perf over
+ * moat-bench). */
 #define SYN_CENSUS_BITS 17
 #define SYN_CENSUS_SLOTS (1 << SYN_CENSUS_BITS)
 
@@ -258,28 +260,35 @@ struct syn_config {
  * socket other than the listener (established, request, time-wait), so
  * that a SYN or ACK whose tuple none may own skips the socket lookup.
  *
- * A tuple hashes to a slot (syn_census_slot) that holds the generation it
- * was last marked in. Marks come from the census pass, a socket iterator
+ * A tuple hashes to a slot (syn_census_slot) of 4 bits, one for each
+ * generation modulo 4: a slot marked in generation g has bit g % 4 set
+ * (syn_census_mark). Marks come from the census pass, a socket iterator
  * the control plane runs every second or so over every TCP socket of the
  * namespace, and, between passes, from the data path where a socket is
  * born: a SYN left to the kernel (XDP) and a cookie handshake accepted
- * (tc). A pass first raises generation, then marks; when it is done,
- * floor becomes the generation before its own, as events may still have
- * written that one. A slot at floor or above may belong to a socket; one
- * below cannot, so its tuple has none. Collisions only cost lookups.
+ * (tc). A pass raises generation, then marks; when it is done, floor
+ * becomes the generation before its own, as events may still have written
+ * that one, and the control plane clears, in every slot, the bits of the
+ * two other generations modulo 4, which can only hold marks older than
+ * floor. So a slot with any bit set may belong to a socket, and one with
+ * none cannot: its tuple has none. Marks of generations below floor that
+ * are not cleared yet (passes that failed) and collisions only cost
+ * lookups.
  *
  * floor 0 (no full pass yet, a fresh map) or a clock past valid_until_ns
  * (the control plane stopped counting) means no slot can be trusted and
  * every packet pays the lookup, as without the census. The control plane
  * writes the header fields one by one through mmap, never the whole
- * value, so the data path's marks are never overwritten. */
+ * value, and clears bits with atomic ANDs, so the data path's marks
+ * (atomic ORs) are never lost. */
 struct syn_census_table {
 	__u32 generation;      /* raised at the start of each pass */
 	__u32 floor;           /* lowest generation that still marks a socket; 0: none trusted */
 	__u64 valid_until_ns;  /* CLOCK_BOOTTIME past which floor is not trusted */
 	__u64 sockets;         /* sockets the pass running or last run marked */
 	__u64 passes;          /* complete passes */
-	__u32 marks[SYN_CENSUS_SLOTS];
+	/* slot s: bits 4 * (s % 16) to 4 * (s % 16) + 3 of marks[s / 16] */
+	__u64 marks[SYN_CENSUS_SLOTS / 16];
 };
 
 /* A cookie handshake whose third ACK (moat's cookie or the kernel's) was

@@ -473,16 +473,30 @@ static __always_inline struct syn_census_table *syn_get_census(void)
 	return bpf_map_lookup_elem(&syn_census, &zero);
 }
 
+/* The word of the census that holds slot's 4 bits, and where in it they
+ * lie. */
+static __always_inline __u64 *syn_census_word(struct syn_census_table *c, __u32 slot)
+{
+	return &c->marks[(slot & (SYN_CENSUS_SLOTS - 1)) / 16];
+}
+
+static __always_inline __u32 syn_census_shift(__u32 slot)
+{
+	return (slot % 16) * 4;
+}
+
 /* Marks the census slot of a tuple whose socket the kernel is about to
  * make, with the generation of the pass under way: the next pass, which
  * would see the socket, may be a second away. Written only when it
- * changes, so a slot's cache line is not dirtied per packet. */
+ * changes, so a slot's cache line is not dirtied per packet; an atomic OR,
+ * as the control plane clears other bits of the word meanwhile. */
 static __always_inline void syn_census_mark(struct syn_census_table *c, __u32 slot)
 {
-	__u32 gen = c->generation;
+	__u64 *w = syn_census_word(c, slot);
+	__u64 bit = 1ULL << (syn_census_shift(slot) + c->generation % 4);
 
-	if (c->marks[slot & (SYN_CENSUS_SLOTS - 1)] != gen)
-		c->marks[slot & (SYN_CENSUS_SLOTS - 1)] = gen;
+	if (!(*w & bit))
+		__sync_fetch_and_or(w, bit);
 }
 
 static __always_inline void syn_mark_packet(const struct packet *p)
@@ -558,21 +572,22 @@ static __always_inline int syn_recent_follows(const struct packet *p, __be32 ack
 }
 
 /* Whether p's tuple may belong to a socket other than the listener: its
- * census slot is marked at or above the floor, or the census cannot be
+ * census slot is marked (any of its bits), or the census cannot be
  * trusted for this port (no full pass since the port was protected, or the
  * control plane stopped counting: valid_until_ns is past). st is the
  * port's counters, whose clock syn_clock set for this packet. */
 static __always_inline int syn_tuple_marked(const struct packet *p, const struct syn_port_stats *st)
 {
 	struct syn_census_table *c = syn_get_census();
-	__u32 floor;
+	__u32 floor, slot;
 
 	if (!c)
 		return 1;
 	floor = c->floor;
 	if (!floor || floor < st->census_from || st->clock_ns >= c->valid_until_ns)
 		return 1;
-	return c->marks[syn_census_slot_of(p) & (SYN_CENSUS_SLOTS - 1)] >= floor;
+	slot = syn_census_slot_of(p);
+	return (*syn_census_word(c, slot) >> syn_census_shift(slot)) & 0xf;
 }
 
 /* The socket tuple of a packet, in the packet's direction. */

@@ -347,7 +347,7 @@ type MoatSynCensusTable struct {
 	ValidUntilNs uint64
 	Sockets      uint64
 	Passes       uint64
-	Marks        [131072]uint32
+	Marks        [8192]uint64
 }
 
 type MoatSynConfig struct {

@@ -284,6 +284,7 @@ var resizable = map[string]func(s *Shield, old, cur *ebpf.Map) error{
 	datapath.MoatMapSettings:    carrySettings,
 	datapath.MoatMapRlStats:     carryRuleStats,
 	datapath.MoatMapHhSources:   carryHeavyHitters,
+	datapath.MoatMapSynCensus:   carryCensus,
 }
 
 // replaceMap creates name anew, lets migrate fill it from old, and pins it
@@ -353,6 +354,28 @@ func carrySynCounters(s *Shield, old, cur *ebpf.Map) error {
 		}
 	}
 	return nil
+}
+
+// carryCensus keeps the generation of an older moat's socket census,
+// whose marks were another size (32-bit generations), so that the ports'
+// census_from, counted in it, still holds; the marks start empty and the
+// floor at 0, so nothing is trusted until the next passes, and the
+// passes' tally goes on.
+func carryCensus(s *Shield, old, cur *ebpf.Map) error {
+	var t datapath.MoatSynCensusTable
+	n := int(unsafe.Offsetof(t.Marks))
+	if int(old.ValueSize()) < n {
+		return fmt.Errorf("values of %d bytes hold no census header of %d", old.ValueSize(), n)
+	}
+	var in []byte
+	if err := old.Lookup(uint32(0), &in); err != nil {
+		return err
+	}
+	out := make([]byte, cur.ValueSize())
+	copy(out, in[:n])
+	binary.NativeEndian.PutUint32(out[unsafe.Offsetof(t.Floor):], 0)
+	binary.NativeEndian.PutUint64(out[unsafe.Offsetof(t.ValidUntilNs):], 0)
+	return cur.Update(uint32(0), out, ebpf.UpdateAny)
 }
 
 // carrySettings copies the policies of a moat that pinned fewer of them:

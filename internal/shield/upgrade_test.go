@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -594,6 +595,56 @@ func TestOpenCarriesOlderSettings(t *testing.T) {
 	}
 }
 
+// TestOpenCarriesOlderCensus: a socket census an older moat pinned with
+// 32-bit generations for marks gives way to one of this version's layout
+// that keeps its generation (the ports' census_from counts in it) and its
+// tally of passes, but trusts nothing until the next passes.
+func TestOpenCarriesOlderCensus(t *testing.T) {
+	const olderSize = 32 + 4<<17
+	root, _, _ := pinOlderMap(t, datapath.MoatMapSynCensus, olderSize)
+	older, err := ebpf.LoadPinnedMap(filepath.Join(root, "maps", datapath.MoatMapSynCensus), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := make([]byte, olderSize)
+	binary.NativeEndian.PutUint32(v[0:], 41)            // generation
+	binary.NativeEndian.PutUint32(v[4:], 40)            // floor
+	binary.NativeEndian.PutUint64(v[8:], math.MaxInt64) // valid until
+	binary.NativeEndian.PutUint64(v[16:], 7)            // sockets
+	binary.NativeEndian.PutUint64(v[24:], 40)           // passes
+	binary.NativeEndian.PutUint32(v[32+4*1234:], 41)    // a mark
+	err = older.Put(uint32(0), v)
+	older.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := shield.Open(root)
+	if err != nil {
+		t.Fatalf("open over an older census: %v", err)
+	}
+	defer s.Close()
+	m := s.Map(datapath.MoatMapSynCensus)
+	if m.ValueSize() == olderSize {
+		t.Fatal("the older census is still in use")
+	}
+	var c datapath.MoatSynCensusTable
+	if err := m.Lookup(uint32(0), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Generation != 41 || c.Floor != 0 || c.ValidUntilNs != 0 || c.Sockets != 7 || c.Passes != 40 {
+		t.Errorf("census header %d %d %d %d %d, want generation 41 and 40 passes kept, nothing trusted", c.Generation, c.Floor, c.ValidUntilNs, c.Sockets, c.Passes)
+	}
+	for i, w := range c.Marks {
+		if w != 0 {
+			t.Fatalf("word %d of marks is %x, want none carried", i, w)
+		}
+	}
+	if st, err := syncookie.ReadCensus(m); err != nil || st.Trusted {
+		t.Errorf("census %+v, %v: want it untrusted", st, err)
+	}
+}
+
 // TestCountersOfAnOlderLayout: an interface not attached again since an
 // older moat made its counters (two slots per reason, none for monitored
 // packets) still has them read; the monitored counts are zero.
@@ -759,10 +810,11 @@ func attachEndsOlderFilter(t *testing.T, root, iface, name string, olderFilter f
 }
 
 // TestOpenRefusesShortLayouts: pinned rl_stats or hh_sources values too
-// short to hold the counts every version had are not an older layout;
+// short to hold the counts every version had, or a census value too short
+// for its header, are not an older layout;
 // Open says so, naming the map, and leaves it pinned.
 func TestOpenRefusesShortLayouts(t *testing.T) {
-	for _, name := range []string{datapath.MoatMapRlStats, datapath.MoatMapHhSources} {
+	for _, name := range []string{datapath.MoatMapRlStats, datapath.MoatMapHhSources, datapath.MoatMapSynCensus} {
 		t.Run(name, func(t *testing.T) {
 			root, pin, id := pinOlderMap(t, name, 16)
 			if s, err := shield.Open(root); err == nil {

@@ -107,7 +107,7 @@ func BenchmarkPerPacket(b *testing.B) {
 		census.Floor = 0
 		if bc.census {
 			census.Generation, census.Floor, census.ValidUntilNs = 5, 4, bootNow()+uint64(time.Hour)
-			census.Marks[CensusSlot(est, srvAddr)] = 4
+			markCensusSlot(census, CensusSlot(est, srvAddr), 4)
 		}
 		b.Run(bc.name, func(b *testing.B) {
 			frame := bc.frame(est, srvAddr)

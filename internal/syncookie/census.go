@@ -43,8 +43,8 @@ func censusValidity(every time.Duration) time.Duration {
 
 // Census takes census passes into the syn_census map.
 type Census struct {
-	it  *link.Iter
-	hdr *censusHeader
+	it *link.Iter
+	mc *mappedCensus
 }
 
 // CensusPass is what one pass found.
@@ -53,36 +53,61 @@ type CensusPass struct {
 	Sockets    uint64 // sockets of protected ports marked
 }
 
-// censusHeader is the mapped header of the syn_census value, written field
-// by field with atomic stores: the marks after it are the data path's.
-type censusHeader struct {
+// mappedCensus is the mapped syn_census value: its header, written field
+// by field with atomic stores, and the marks after it, which are the data
+// path's but for the bits the control plane clears (clearBelow).
+type mappedCensus struct {
 	mem             []byte
 	gen, floor      *uint32
 	validUntil      *uint64
 	sockets, passes *uint64
+	marks           []uint64
 }
 
-func mapCensusHeader(m *ebpf.Map) (*censusHeader, error) {
+func mapCensus(m *ebpf.Map) (*mappedCensus, error) {
 	if m == nil {
 		return nil, errors.New("no census map")
 	}
-	mem, err := unix.Mmap(m.FD(), 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	var t *datapath.MoatSynCensusTable // for sizes and offsets only
+	if int(m.ValueSize()) != int(unsafe.Sizeof(*t)) {
+		return nil, fmt.Errorf("census of %d bytes, this version's is %d", m.ValueSize(), unsafe.Sizeof(*t))
+	}
+	page := os.Getpagesize()
+	mem, err := unix.Mmap(m.FD(), 0, (int(m.ValueSize())+page-1)/page*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map the census: %w", err)
 	}
-	var t *datapath.MoatSynCensusTable // for field offsets only
 	at := func(off uintptr) unsafe.Pointer { return unsafe.Pointer(&mem[off]) }
-	return &censusHeader{
+	return &mappedCensus{
 		mem:        mem,
 		gen:        (*uint32)(at(unsafe.Offsetof(t.Generation))),
 		floor:      (*uint32)(at(unsafe.Offsetof(t.Floor))),
 		validUntil: (*uint64)(at(unsafe.Offsetof(t.ValidUntilNs))),
 		sockets:    (*uint64)(at(unsafe.Offsetof(t.Sockets))),
 		passes:     (*uint64)(at(unsafe.Offsetof(t.Passes))),
+		marks:      unsafe.Slice((*uint64)(at(unsafe.Offsetof(t.Marks))), len(t.Marks)),
 	}, nil
 }
 
-func (h *censusHeader) close() { unix.Munmap(h.mem) }
+// censusGenBits has bit 0 of every slot's 4 in a word of marks: shifted
+// by g % 4, the bits of generation g.
+const censusGenBits = 0x1111111111111111
+
+// clearBelow clears, in every slot, the bits of the generations modulo 4
+// other than gen's and the one before (the census floor once the pass of
+// gen is done): they hold only marks older than the floor. Atomic ANDs,
+// and only of words that hold such a bit, so that the data path's marks
+// (atomic ORs) are never lost and untouched lines stay clean.
+func (h *mappedCensus) clearBelow(gen uint32) {
+	stale := uint64(censusGenBits)<<((gen-2)%4) | uint64(censusGenBits)<<((gen-3)%4)
+	for i := range h.marks {
+		if atomic.LoadUint64(&h.marks[i])&stale != 0 {
+			atomic.AndUint64(&h.marks[i], ^stale)
+		}
+	}
+}
+
+func (h *mappedCensus) close() { unix.Munmap(h.mem) }
 
 // readCensus copies the census value: readers need no mapping, so the
 // read-only pins that metrics open will do.
@@ -101,7 +126,7 @@ func readCensus(m *ebpf.Map) (*datapath.MoatSynCensusTable, error) {
 // last taken) from the mapped header: callers change the SYN maps, so
 // their handles are writable.
 func CensusGeneration(m *ebpf.Map) (uint32, error) {
-	h, err := mapCensusHeader(m)
+	h, err := mapCensus(m)
 	if err != nil {
 		return 0, err
 	}
@@ -114,34 +139,35 @@ func CensusGeneration(m *ebpf.Map) (uint32, error) {
 // pass counts the sockets of the network namespace of the thread that
 // calls Take. One Census takes passes into a map at a time.
 func NewCensus(prog *ebpf.Program, m *ebpf.Map) (*Census, error) {
-	hdr, err := mapCensusHeader(m)
+	mc, err := mapCensus(m)
 	if err != nil {
 		return nil, err
 	}
 	it, err := link.AttachIter(link.IterOptions{Program: prog})
 	if err != nil {
-		hdr.close()
+		mc.close()
 		return nil, fmt.Errorf("attach the socket census: %w", err)
 	}
-	return &Census{it: it, hdr: hdr}, nil
+	return &Census{it: it, mc: mc}, nil
 }
 
 // Close detaches the iterator and ends the trust in the last pass at once:
 // no pass follows it, and the data path looks every socket up again.
 func (c *Census) Close() error {
-	atomic.StoreUint64(c.hdr.validUntil, 0)
-	c.hdr.close()
+	atomic.StoreUint64(c.mc.validUntil, 0)
+	c.mc.close()
 	return c.it.Close()
 }
 
 // Take runs one pass: it raises the generation, marks every socket of a
 // protected port with it, and then lets the data path trust the census
 // down to the generation before, which events may still have written, for
-// the validity of a pass taken every `every`.
+// the validity of a pass taken every `every`, and clears the marks of
+// older generations.
 func (c *Census) Take(every time.Duration) (CensusPass, error) {
-	gen := atomic.LoadUint32(c.hdr.gen) + 1
-	atomic.StoreUint64(c.hdr.sockets, 0)
-	atomic.StoreUint32(c.hdr.gen, gen)
+	gen := atomic.LoadUint32(c.mc.gen) + 1
+	atomic.StoreUint64(c.mc.sockets, 0)
+	atomic.StoreUint32(c.mc.gen, gen)
 	r, err := c.it.Open()
 	if err != nil {
 		return CensusPass{}, fmt.Errorf("socket census: %w", err)
@@ -159,10 +185,13 @@ func (c *Census) Take(every time.Duration) (CensusPass, error) {
 			return CensusPass{}, fmt.Errorf("socket census: %w", err)
 		}
 	}
-	atomic.StoreUint64(c.hdr.validUntil, bootNow()+uint64(censusValidity(every)))
-	atomic.StoreUint32(c.hdr.floor, gen-1)
-	atomic.AddUint64(c.hdr.passes, 1)
-	return CensusPass{Generation: gen, Sockets: atomic.LoadUint64(c.hdr.sockets)}, nil
+	atomic.StoreUint64(c.mc.validUntil, bootNow()+uint64(censusValidity(every)))
+	atomic.StoreUint32(c.mc.floor, gen-1)
+	// After the floor: until then a bit of an older generation still
+	// counts, and clearing it first could hide a socket.
+	c.mc.clearBelow(gen)
+	atomic.AddUint64(c.mc.passes, 1)
+	return CensusPass{Generation: gen, Sockets: atomic.LoadUint64(c.mc.sockets)}, nil
 }
 
 // run takes a pass every `every` until ctx ends, with in and report as

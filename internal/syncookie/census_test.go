@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -37,6 +38,21 @@ func censusTable(t testing.TB, m *ebpf.Map) *datapath.MoatSynCensusTable {
 	return (*datapath.MoatSynCensusTable)(unsafe.Pointer(&mem[0]))
 }
 
+// markCensusSlot sets a census slot's bit of generation gen, as syn_census_mark does.
+func markCensusSlot(c *datapath.MoatSynCensusTable, slot, gen uint32) {
+	c.Marks[slot/16] |= 1 << (slot%16*4 + gen%4)
+}
+
+// censusSlotBits is a census slot's 4 bits: bit g % 4 for a mark of generation g.
+func censusSlotBits(c *datapath.MoatSynCensusTable, slot uint32) uint64 {
+	return c.Marks[slot/16] >> (slot % 16 * 4) & 0xf
+}
+
+// clearCensusSlot clears a census slot's bits.
+func clearCensusSlot(c *datapath.MoatSynCensusTable, slot uint32) {
+	c.Marks[slot/16] &^= 0xf << (slot % 16 * 4)
+}
+
 // synOf is a plain SYN from client to server.
 func synOf(client, server netip.AddrPort) []byte {
 	f := testpkt.Frame{L4: testpkt.TCP{SrcPort: client.Port(), DstPort: server.Port(), Seq: clientISN, SYN: true}}
@@ -50,11 +66,71 @@ func synOf(client, server netip.AddrPort) []byte {
 
 func TestCensusLayout(t *testing.T) {
 	var c *datapath.MoatSynCensusTable // for sizes and offsets only
-	if len(c.Marks) != censusSlots {
-		t.Fatalf("%d marks, CensusSlot assumes %d", len(c.Marks), censusSlots)
+	if len(c.Marks)*16 != censusSlots {
+		t.Fatalf("%d words of marks (16 slots each), CensusSlot assumes %d slots", len(c.Marks), censusSlots)
 	}
-	if off := unsafe.Offsetof(c.Marks); off > uintptr(os.Getpagesize()) {
-		t.Fatalf("header of %d bytes is more than the page Census maps", off)
+	if off := unsafe.Offsetof(c.Marks); off%8 != 0 {
+		t.Fatalf("marks at offset %d: the control plane's atomic ANDs need them 8-aligned", off)
+	}
+}
+
+// TestCensusClearsOlderGenerations: once the pass of generation g is done,
+// every slot keeps the bits of g and g-1 (the census floor) and loses the
+// two others, whose marks are older than the floor; and a mark the data
+// path sets meanwhile in the same words (an atomic OR of g's bit, as
+// syn_census_mark does) is never lost to the clearing.
+func TestCensusClearsOlderGenerations(t *testing.T) {
+	objs := loadObjects(t)
+	mc, err := mapCensus(objs.SynCensus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.close()
+	for gen := uint32(1); gen <= 9; gen++ {
+		for i := range mc.marks {
+			mc.marks[i] = ^uint64(0)
+		}
+		mc.clearBelow(gen)
+		want := uint64(censusGenBits)<<(gen%4) | uint64(censusGenBits)<<((gen-1)%4)
+		for i, w := range mc.marks {
+			if w != want {
+				t.Fatalf("generation %d: word %d is %016x after clearing, want %016x", gen, i, w, want)
+			}
+		}
+	}
+
+	const gen = 6
+	stale := uint64(censusGenBits)<<((gen-2)%4) | uint64(censusGenBits)<<((gen-3)%4)
+	done := make(chan []uint64)
+	go func() {
+		// The data path: marks of generation gen, slot by slot, in
+		// words that hold stale bits being cleared.
+		var set []uint64
+		for round := range 64 {
+			for i := round % 7; i < len(mc.marks); i += 7 {
+				bit := uint64(1) << (uint(i+round)%16*4 + gen%4)
+				atomic.OrUint64(&mc.marks[i], bit)
+				set = append(set, uint64(i)<<32|uint64(uint(i+round)%16))
+			}
+		}
+		done <- set
+	}()
+	for range 64 {
+		for i := range mc.marks {
+			atomic.OrUint64(&mc.marks[i], stale)
+		}
+		mc.clearBelow(gen)
+	}
+	set := <-done
+	mc.clearBelow(gen)
+	for _, s := range set {
+		i, slot := s>>32, s&0xffffffff
+		if w := atomic.LoadUint64(&mc.marks[i]); w>>(slot*4+gen%4)&1 == 0 {
+			t.Fatalf("word %d: the mark of slot %d was lost to the clearing (%016x)", i, slot, w)
+		}
+		if w := atomic.LoadUint64(&mc.marks[i]); w&stale != 0 {
+			t.Fatalf("word %d: stale bits left (%016x)", i, w)
+		}
 	}
 }
 
@@ -71,11 +147,11 @@ func TestCensusSlotAgreesWithDataPath(t *testing.T) {
 	}
 	c := censusTable(t, objs.SynCensus)
 	c.Generation = 7
-	marked := func() map[uint32]uint32 {
-		out := map[uint32]uint32{}
-		for i, g := range c.Marks {
-			if g != 0 {
-				out[uint32(i)] = g
+	marked := func() map[uint32]uint64 {
+		out := map[uint32]uint64{}
+		for slot := range uint32(censusSlots) {
+			if b := censusSlotBits(c, slot); b != 0 {
+				out[slot] = b
 			}
 		}
 		return out
@@ -96,7 +172,7 @@ func TestCensusSlotAgreesWithDataPath(t *testing.T) {
 			if tc.name == "ipv6 allowlisted" {
 				allow(t, objs, tc.client)
 			}
-			c.Marks = [censusSlots]uint32{}
+			clear(c.Marks[:])
 			var ret uint32
 			withListener(t, func() {
 				ret, _ = run(t, objs.MoatFilter, synOf(netip.AddrPortFrom(tc.client, 40123), netip.AddrPortFrom(tc.server, tc.port)))
@@ -112,8 +188,8 @@ func TestCensusSlotAgreesWithDataPath(t *testing.T) {
 				return
 			}
 			slot := CensusSlot(netip.AddrPortFrom(tc.client, 40123), netip.AddrPortFrom(tc.server, tc.port))
-			if len(got) != 1 || got[slot] != 7 {
-				t.Fatalf("marks %v, want slot %d at generation 7", got, slot)
+			if len(got) != 1 || got[slot] != 1<<(7%4) {
+				t.Fatalf("marks %v, want slot %d with the bit of generation 7", got, slot)
 			}
 		})
 	}
@@ -177,16 +253,22 @@ func TestCensusTrust(t *testing.T) {
 		ack  uint32 // XDP_DROP 1, XDP_PASS 2
 	}{
 		{"no pass yet", func() { c.Generation, c.Floor, c.ValidUntilNs = 1, 0, boot()+1e12 }, 2, 2},
-		{"slot marked", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 4 }, 2, 2},
+		{"slot marked", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; markCensusSlot(c, slot, 4) }, 2, 2},
+		{"slot marked in the pass under way", func() { c.Generation, c.Floor, c.ValidUntilNs = 6, 4, boot()+1e12; markCensusSlot(c, slot, 6) }, 2, 2},
+		{"slot marked in generation 7, bit 3", func() { c.Generation, c.Floor, c.ValidUntilNs = 7, 6, boot()+1e12; markCensusSlot(c, slot, 7) }, 2, 2},
 		{"passes stopped", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()-1e9 }, 2, 2},
 		{"port protected since", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; fromOfPort(5) }, 2, 2},
-		{"slot marked before the floor", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12; c.Marks[slot] = 3 }, 3, 1},
+		{"every other slot of its word marked", func() {
+			c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12
+			c.Marks[slot/16] = ^uint64(0)
+			clearCensusSlot(c, slot)
+		}, 3, 1},
 		{"trusted, no mark", func() { c.Generation, c.Floor, c.ValidUntilNs = 5, 4, boot()+1e12 }, 3, 1},
 	}
 	got := make([][2]uint32, len(rows))
 	withConnection(t, client, server, func() {
 		for i, r := range rows {
-			c.Marks[slot] = 0
+			c.Marks[slot/16] = 0
 			fromOfPort(0)
 			r.set()
 			// The warm-up and the SYN must fall in one jiffy for the
@@ -195,9 +277,9 @@ func TestCensusTrust(t *testing.T) {
 			for j, frame := range [][]byte{owned, ownedACK} {
 				for try := 0; try < 20; try++ {
 					run(t, objs.MoatFilter, warm)
-					mark := c.Marks[slot]
+					mark := c.Marks[slot/16]
 					got[i][j], _ = run(t, objs.MoatFilter, frame)
-					c.Marks[slot] = mark // a passed SYN marks its tuple
+					c.Marks[slot/16] = mark // a passed SYN marks its tuple
 					if got[i][j] != 2 {
 						break
 					}
@@ -318,7 +400,7 @@ func TestCensusMarksSockets(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	table := censusTable(t, s.objs.SynCensus)
-	table.Marks = [censusSlots]uint32{} // the data path's own marks (none in never mode)
+	clear(table.Marks[:]) // the data path's own marks (none in never mode)
 	var pass CensusPass
 	if err := s.lab.Server.Do(func() (err error) { pass, err = c.Take(time.Second); return err }); err != nil {
 		t.Fatal(err)
@@ -327,8 +409,8 @@ func TestCensusMarksSockets(t *testing.T) {
 		t.Errorf("pass marked %d sockets, want %d (%v)", pass.Sockets, len(want), want)
 	}
 	for name, tuple := range want {
-		if g := table.Marks[CensusSlot(tuple[0], tuple[1])]; g != pass.Generation {
-			t.Errorf("%s %v: slot holds generation %d, want %d", name, tuple, g, pass.Generation)
+		if b := censusSlotBits(table, CensusSlot(tuple[0], tuple[1])); b != 1<<(pass.Generation%4) {
+			t.Errorf("%s %v: slot holds bits %04b, want the bit of generation %d", name, tuple, b, pass.Generation)
 		}
 	}
 	st, err := ReadCensus(s.objs.SynCensus)
@@ -338,11 +420,29 @@ func TestCensusMarksSockets(t *testing.T) {
 	if st.Trusted || st.Passes != 1 {
 		t.Errorf("after one pass: %+v, want one pass and no trust yet", st)
 	}
+	// Before the next pass: a stale mark (two generations back, which
+	// the pass of the generation after clears) and a mark the data path
+	// made during this one (kept, as the floor will be its generation).
+	first := pass.Generation
+	stale, fresh := CensusSlot(netip.MustParseAddrPort("198.19.9.9:1"), srv4), CensusSlot(netip.MustParseAddrPort("198.19.9.9:2"), srv4)
+	markCensusSlot(table, stale, first-2)
+	markCensusSlot(table, fresh, first)
 	if err := s.lab.Server.Do(func() (err error) { pass, err = c.Take(time.Second); return err }); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := ReadCensus(s.objs.SynCensus); !st.Trusted || st.Passes != 2 || st.Generation != pass.Generation {
 		t.Errorf("after two passes: %+v, want trusted", st)
+	}
+	if b := censusSlotBits(table, stale); b != 0 {
+		t.Errorf("a mark of generation %d is left after the pass of %d: %04b", first-2, pass.Generation, b)
+	}
+	if b := censusSlotBits(table, fresh); b != 1<<(first%4) {
+		t.Errorf("the data path's mark of generation %d: slot holds %04b after the pass of %d", first, b, pass.Generation)
+	}
+	for name, tuple := range want {
+		if b, w := censusSlotBits(table, CensusSlot(tuple[0], tuple[1])), uint64(1<<(first%4)|1<<(pass.Generation%4)); b&w != w {
+			t.Errorf("%s %v: slot holds bits %04b after two passes, want those of generations %d and %d", name, tuple, b, first, pass.Generation)
+		}
 	}
 }
 
@@ -402,11 +502,11 @@ func TestCensusMarksOutgoingConnection(t *testing.T) {
 	if rets != [2]uint32{2, 2} {
 		t.Fatalf("verdicts %v, want XDP_PASS for both SYN-ACKs", rets)
 	}
-	if g := c.Marks[CensusSlot(stranger, local)]; g != 0 {
-		t.Errorf("a SYN-ACK no socket owns marked its slot (%d)", g)
+	if b := censusSlotBits(c, CensusSlot(stranger, local)); b != 0 {
+		t.Errorf("a SYN-ACK no socket owns marked its slot (%04b)", b)
 	}
-	if g := c.Marks[CensusSlot(peer, local)]; g != 3 {
-		t.Errorf("the SYN-ACK of the host's connection: slot holds %d, want generation 3", g)
+	if b := censusSlotBits(c, CensusSlot(peer, local)); b != 1<<3 {
+		t.Errorf("the SYN-ACK of the host's connection: slot holds %04b, want the bit of generation 3", b)
 	}
 }
 

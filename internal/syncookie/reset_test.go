@@ -237,12 +237,12 @@ func TestStrayAckFindsAnUnmarkedSocket(t *testing.T) {
 		// to skip the lookup: a few tries.
 		for try := 0; try < 20 && !marked; try++ {
 			c.Generation, c.Floor, c.ValidUntilNs = 5, 4, bootNow()+uint64(time.Hour)
-			c.Marks[slot] = 0
+			clearCensusSlot(c, slot)
 			run(t, objs.MoatFilter, warm)
-			c.Marks[slot] = 0 // the warm-up SYN's own tuple may share the slot
+			clearCensusSlot(c, slot) // the warm-up SYN's own tuple may share the slot
 			ret, _ := run(t, objs.MoatFilter, ack)
 			verdictsSeen = append(verdictsSeen, ret)
-			marked = c.Marks[slot] >= c.Floor
+			marked = censusSlotBits(c, slot) != 0
 		}
 	})
 	for _, v := range verdictsSeen {
