@@ -128,7 +128,8 @@ struct syn_port_stats {
 				 * owns the tuple, a destination this host routes
 				 * on, no key or stale keys (these also in
 				 * stale_key_syns), an MPTCP listener (these also
-				 * in mptcp_syns), a SYN signed with TCP-MD5 or
+				 * in mptcp_syns), NAT in the listener's namespace
+				 * (these also in nat_syns), a SYN signed with TCP-MD5 or
 				 * TCP-AO for a listener with keys, double VLAN
 				 * tags, a frame moat could not rewrite) */
 	__u64 win_start_ns;
@@ -204,6 +205,11 @@ struct syn_port_stats {
 	/* cookie mode: RSTs sent for stray ACKs (syn_reset_stray); those
 	 * ACKs are also in acks_dropped. */
 	__u64 resets_sent;
+	/* cookie mode: SYNs left to the kernel because NAT runs for their
+	 * address family in the listener's namespace (SYN_NET_NAT4): it
+	 * would drop the request socket of a moat handshake. Also in
+	 * syns_passed. */
+	__u64 nat_syns;
 };
 
 /* The budget of stray-ACK resets, per CPU and interface: credit of time

@@ -72,9 +72,31 @@ struct netns_ipv4___moat {
 	int sysctl_tcp_rmem[3];
 } __attribute__((preserve_access_index));
 
+/* The netfilter hooks of a namespace (struct netns_nf): an entry's hook
+ * is compared with the address of the NAT's LOCAL_IN hook (syn_nat_hook). */
+struct nf_hook_entry___moat {
+	void *hook;
+} __attribute__((preserve_access_index));
+
+struct nf_hook_entries___moat {
+	__u16 num_hook_entries;
+	struct nf_hook_entry___moat hooks[];
+} __attribute__((preserve_access_index));
+
+struct netns_nf___moat {
+	struct nf_hook_entries___moat *hooks_ipv4[5]; /* NF_INET_NUMHOOKS */
+	struct nf_hook_entries___moat *hooks_ipv6[5];
+} __attribute__((preserve_access_index));
+
 struct net___moat {
 	struct netns_ipv4___moat ipv4;
+	struct netns_nf___moat nf; /* absent without CONFIG_NETFILTER */
 } __attribute__((preserve_access_index));
+
+/* The addresses of the kernel's nf_nat_ipv4_local_in and
+ * nf_nat_ipv6_local_in (from /proc/kallsyms, set by the control plane
+ * when it loads the program; 0 when unknown). */
+volatile const __u64 syn_nat_hook[2];
 
 struct possible_net_t___moat {
 	struct net___moat *net;
@@ -131,7 +153,72 @@ enum syn_net_setting {
 	SYN_NET_TS = 1 << 2,      /* tcp_timestamps (1 or 2) */
 	SYN_NET_WSCALE = 1 << 3,  /* tcp_window_scaling */
 	SYN_NET_ECN = 1 << 4,     /* tcp_ecn != 0: ECN for clients that ask */
+	/* NAT's LOCAL_IN hook runs for IPv4 (IPv6) packets: it orphans a
+	 * packet whose socket's remote port differs from the connection's
+	 * (nf_nat_ipv4_local_in, against early demux finding a socket for a
+	 * tuple SNAT then changed), and the request socket that
+	 * bpf_sk_assign_tcp_reqsk hands over has no ports yet: the kernel
+	 * would drop it and reset the client. Such a namespace's SYNs are the
+	 * kernel's (syn_answer). */
+	SYN_NET_NAT4 = 1 << 5,
+	SYN_NET_NAT6 = 1 << 6,
 };
+
+/* LOCAL_IN hooks looked at, in priority order: conntrack, the tables of
+ * iptables and nftables (a host of firewalld, Docker and Kubernetes has
+ * a dozen), NAT. A namespace with more is taken for one where NAT runs. */
+#define SYN_NAT_MAX_HOOKS 16
+#define SYN_NF_INET_LOCAL_IN 1
+
+/* Whether entries from to from + 7 of hook list e (of n) hold the
+ * function at address fn: eight at a time, as many as clang unrolls. */
+static __always_inline int syn_nf_hooks_from(const struct nf_hook_entries___moat *e, __u16 n, __u64 fn,
+					     const int from)
+{
+	int i;
+
+#pragma unroll
+	for (i = from; i < from + 8; i++) {
+		if (i >= n)
+			break;
+		if ((__u64)e->hooks[i].hook == fn)
+			return 1;
+	}
+	return 0;
+}
+
+/* Whether hook list e holds the function at address fn. */
+static __always_inline int syn_nf_hooks_hold(const struct nf_hook_entries___moat *e, __u64 fn)
+{
+	__u16 n;
+
+	if (!e || !fn)
+		return 0;
+	n = e->num_hook_entries;
+	if (n > SYN_NAT_MAX_HOOKS)
+		return 1;
+	return syn_nf_hooks_from(e, n, fn, 0) || syn_nf_hooks_from(e, n, fn, 8);
+}
+
+/* The SYN_NET_NAT bit of an address family (4 or 6). */
+static __always_inline __u32 syn_net_nat_bit(int family)
+{
+	return family == 4 ? SYN_NET_NAT4 : SYN_NET_NAT6;
+}
+
+/* SYN_NET_NAT4 and SYN_NET_NAT6 of namespace net. */
+static __always_inline __u32 syn_net_nat(const struct net___moat *net)
+{
+	__u32 s = 0;
+
+	if (!bpf_core_field_exists(net->nf))
+		return 0;
+	if (syn_nf_hooks_hold(net->nf.hooks_ipv4[SYN_NF_INET_LOCAL_IN], syn_nat_hook[0]))
+		s |= SYN_NET_NAT4;
+	if (syn_nf_hooks_hold(net->nf.hooks_ipv6[SYN_NF_INET_LOCAL_IN], syn_nat_hook[1]))
+		s |= SYN_NET_NAT6;
+	return s;
+}
 
 /* syn_net_setting bits of the namespace tsk (a listener) lives in. */
 static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
@@ -159,7 +246,7 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 		s |= SYN_NET_WSCALE;
 	if (net->ipv4.sysctl_tcp_ecn)
 		s |= SYN_NET_ECN;
-	return s;
+	return s | syn_net_nat(net);
 }
 
 /* The MSS a listener sets for itself (TCP_MAXSEG), 0 for none. */
@@ -1290,6 +1377,12 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	 * hands it: the kernel keeps its SYNs. */
 	if (!(net & SYN_NET_COOKIES))
 		return SYN_CONTINUE;
+	/* NAT would drop the request socket tc hands over (SYN_NET_NAT4):
+	 * the kernel keeps the family's SYNs, as an MPTCP listener's. */
+	if (net & syn_net_nat_bit(p->family)) {
+		st->nat_syns++;
+		return SYN_CONTINUE;
+	}
 	if (!(net & SYN_NET_ECN))
 		ecn = 0;
 
@@ -1392,11 +1485,16 @@ refuse:
 	 * routed through keeps its data. Where the kernel takes no cookie
 	 * handshake (tcp_syncookies 0), the port is not in cookie mode at
 	 * all: these SYNs are the kernel's too, and so are all of an MPTCP
-	 * listener's, as its others reach the kernel anyway. */
+	 * listener's, and all of a family whose NAT runs, as their others
+	 * reach the kernel anyway. */
 	if (!syn_local_listener(ctx, p, st) || !(st->net_settings & SYN_NET_COOKIES))
 		return SYN_CONTINUE;
 	if (st->listener_mptcp) {
 		st->mptcp_syns++;
+		return SYN_CONTINUE;
+	}
+	if (st->net_settings & syn_net_nat_bit(p->family)) {
+		st->nat_syns++;
 		return SYN_CONTINUE;
 	}
 	st->syns_dropped++;
@@ -1756,14 +1854,16 @@ __attribute__((noinline)) int syn_note_monitored(struct xdp_md *ctx, struct pack
 	return 0;
 }
 
-/* Parses an skb's headers with the XDP program's parser. Cookies are only
- * issued without IPv6 extension headers, so the tc side skips their walk,
- * which spares the verifier the paths through it. The payload may be in
- * page fragments past data_end (a GRO packet; the first data segment that
- * completes a handshake whose third ACK was lost): paged. */
+/* Parses an skb's headers with the XDP program's parser, IPv6 extension
+ * headers included: cookies are only issued to SYNs without them, but the
+ * third ACK may carry some (hop-by-hop, destination options), and the
+ * stack takes such an ACK; passed on without its request socket, it would
+ * meet the listener and draw a RST. The payload may be in page fragments
+ * past data_end (a GRO packet; the first data segment that completes a
+ * handshake whose third ACK was lost): paged. */
 static __always_inline int syn_parse_skb(struct __sk_buff *skb, struct packet *p)
 {
-	return parse_frame((void *)(long)skb->data, (void *)(long)skb->data_end, p, 1, 1);
+	return parse_frame((void *)(long)skb->data, (void *)(long)skb->data_end, p, 0, 1);
 }
 
 /* The tc ingress side: a valid moat cookie ACK for a listener becomes a
@@ -1921,7 +2021,9 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	 * ACK was, and the client sends it again. */
 	if (syn_recent_follows(p, ack, seq, now, 1) && !syn_accept_queue_full(tsk))
 		goto release;
-	if (!tsk || !(net & SYN_NET_COOKIES)) {
+	/* NAT would orphan the request socket (SYN_NET_NAT4): counted as an
+	 * accept error, which it is. */
+	if (!tsk || !(net & SYN_NET_COOKIES) || (net & syn_net_nat_bit(p->family))) {
 		err = -1;
 	} else {
 		err = bpf_sk_assign_tcp_reqsk(skb, (struct sock *)tsk, &attrs, sizeof(attrs));

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -723,4 +724,51 @@ func TestLabMonitorMode(t *testing.T) {
 	if r := sl.mustMoat("status"); strings.Contains(r.stdout, "MONITOR MODE") {
 		t.Errorf("status still says monitor mode:\n%s", r.stdout)
 	}
+}
+
+// greeter starts a plain TCP listener in the server's namespace (Go's
+// default is MPTCP, whose SYNs moat leaves to the kernel) that writes
+// "hello" to each client and closes, and returns its port: a client whose
+// handshake the server reset reads ECONNRESET instead.
+func (sl *shieldLab) greeter(t *testing.T) uint16 {
+	t.Helper()
+	var ln net.Listener
+	lc := net.ListenConfig{}
+	lc.SetMultipathTCP(false)
+	if err := sl.lab.Server.Do(func() (err error) {
+		ln, err = lc.Listen(context.Background(), "tcp", "[::]:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hello"))
+			c.Close()
+		}
+	}()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// readGreeting connects from the client's namespace to a greeter and
+// reads its greeting whole.
+func (sl *shieldLab) readGreeting(dst netip.Addr, port uint16) error {
+	return sl.lab.Client.Do(func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(dst, port).String(), 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		b, err := io.ReadAll(c)
+		if err == nil && string(b) != "hello" {
+			err = fmt.Errorf("read %q", b)
+		}
+		return err
+	})
 }

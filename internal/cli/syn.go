@@ -224,6 +224,15 @@ func newSynProtectCmd(g *globals) *cobra.Command {
 								"the peer runs NAPI; attach an XDP program to the peer (one that passes everything will do)\n", a.Iface)
 						}
 					}
+					if behind, err := s.AcceptorsBehind(); err == nil {
+						for _, a := range atts {
+							if n := behind[a.Iface]; n > 0 {
+								fmt.Fprintf(cmd.ErrOrStderr(), "warning: on %s, %d tcx ingress program(s) run before moat's SYN acceptor: "+
+									"one that ends the chain (as Cilium's do) keeps the third ACKs of moat's cookies from it, and the "+
+									"kernel resets those handshakes; run `moat attach %s` again to put the acceptor first\n", a.Iface, n, a.Iface)
+							}
+						}
+					}
 				}
 			}
 			if gen == 0 && m != syncookie.ModeOff && m != syncookie.ModeNever {
@@ -344,6 +353,11 @@ func writeSynPorts(out io.Writer, ports []syncookie.PortStatus) error {
 			fmt.Fprintf(out, "tcp/%d: %d SYNs went to the kernel because the listener is MPTCP (Go makes listeners MPTCP by default): "+
 				"the kernel makes no connection from a moat cookie for one, so only its own SYN queue and cookies defend this port. "+
 				"A plain TCP listener has moat answer its SYNs.\n", p.Port, p.MPTCPSYNs)
+		}
+		if p.NATSYNs > 0 {
+			fmt.Fprintf(out, "tcp/%d: %d SYNs went to the kernel because NAT runs in the listener's namespace (a NAT rule with "+
+				"connection tracking, as on hosts of Docker, Kubernetes or libvirt): the kernel drops the request socket of a moat "+
+				"cookie handshake there, so only its own SYN queue and cookies defend this port for that address family.\n", p.Port, p.NATSYNs)
 		}
 		if p.AcceptQueueFull > 0 {
 			fmt.Fprintf(out, "tcp/%d: %d valid cookies came while the listener's accept queue was full; the kernel dropped "+

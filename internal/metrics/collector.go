@@ -136,12 +136,14 @@ var (
 		"Valid cookies whose handshake came while the listener's accept queue was full: the kernel dropped the connection (TcpExt ListenOverflows) and the client sends again. Not in moat_syncookie_cookies_accepted_total. tc's view as the handshake passes, which the stack may overtake within a receive batch; the sum of the two is exact.", "port")
 	synMPTCPDesc = desc("moat_syncookie_mptcp_syns_total",
 		"SYNs left to the kernel in cookie mode because the listener is MPTCP: the kernel makes no connection from a moat cookie for one. Also in moat_syncookie_syns_passed_total.", "port")
+	synNATDesc = desc("moat_syncookie_nat_syns_total",
+		"SYNs left to the kernel in cookie mode because NAT runs for their address family in the listener's namespace: the kernel drops the request socket of a moat cookie handshake there. Also in moat_syncookie_syns_passed_total.", "port")
 	synResetsDesc = desc("moat_syncookie_resets_sent_total",
 		"RSTs sent from XDP in cookie mode for ACKs that fit no socket and no cookie, as the kernel would answer them (about syn.stray_ack_resets a second per interface); those ACKs also count in moat_syncookie_acks_dropped_total.", "port")
 	synSYNsDroppedDesc = desc("moat_syncookie_syns_dropped_total",
 		"SYNs moat refused to answer in cookie mode (with data, FIN or RST, or otherwise unfit for a cookie), dropped.", "port")
 	synSYNsPassedDesc = desc("moat_syncookie_syns_passed_total",
-		"SYNs left to the kernel in cookie mode: net.ipv4.tcp_syncookies 0, no listener in this namespace, a time-wait, request or established socket owns the tuple, a destination this host routes on, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), an MPTCP listener (also in moat_syncookie_mptcp_syns_total), a SYN signed with TCP-MD5 or TCP-AO for a listener with keys, double VLAN tags, or a frame that could not be rewritten.", "port")
+		"SYNs left to the kernel in cookie mode: net.ipv4.tcp_syncookies 0, no listener in this namespace, a time-wait, request or established socket owns the tuple, a destination this host routes on, no key or stale keys (these also count in moat_syncookie_stale_key_syns_total), an MPTCP listener (also in moat_syncookie_mptcp_syns_total), NAT in the listener's namespace (also in moat_syncookie_nat_syns_total), a SYN signed with TCP-MD5 or TCP-AO for a listener with keys, double VLAN tags, or a frame that could not be rewritten.", "port")
 	synStaleKeyDesc = desc("moat_syncookie_stale_key_syns_total",
 		"SYNs left to the kernel because the key rotation is stale (see moat_syncookie_keys_stale).", "port")
 	synFloodingDesc = desc("moat_syncookie_flooding",
@@ -223,7 +225,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		packetsDesc, bytesDesc, attachedDesc, progRunTimeDesc, progRunsDesc, bpfStatsDesc,
 		portRuleHitsDesc, entryHitsDesc, mapEntriesDesc, mapMaxEntriesDesc, mapMemoryDesc,
 		synSYNsDesc, synIssuedDesc, synAcceptedDesc, synRejectedDesc, synACKsDroppedDesc,
-		synAcceptErrorsDesc, synQueueFullDesc, synMPTCPDesc, synResetsDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
+		synAcceptErrorsDesc, synQueueFullDesc, synMPTCPDesc, synNATDesc, synResetsDesc, synSYNsDroppedDesc, synSYNsPassedDesc, synStaleKeyDesc, synFloodingDesc, synFloodChangeDesc,
 		synThresholdDesc, synPortInfoDesc, keyRotationsDesc, keyRotatedDesc, keysStaleDesc,
 		censusPassesDesc, censusSocketsDesc, censusCurrentDesc,
 		rlPacketsDesc, rlBytesDesc, rlUntrackedDesc, rlTrackedDesc, rlBlocksDesc, rlBlockErrorsDesc,
@@ -499,6 +501,7 @@ func (c *Collector) collectSynCookie(p *pinned, ch chan<- prometheus.Metric) err
 		ch <- counter(synAcceptErrorsDesc, float64(s.AcceptErrors), port)
 		ch <- counter(synQueueFullDesc, float64(s.AcceptQueueFull), port)
 		ch <- counter(synMPTCPDesc, float64(s.MPTCPSYNs), port)
+		ch <- counter(synNATDesc, float64(s.NATSYNs), port)
 		ch <- counter(synResetsDesc, float64(s.ResetsSent), port)
 		ch <- counter(synSYNsDroppedDesc, float64(s.SYNsDropped), port)
 		ch <- counter(synSYNsPassedDesc, float64(s.SYNsPassed), port)

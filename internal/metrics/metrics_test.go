@@ -615,6 +615,7 @@ func testValues(t *testing.T, s *shield.Shield, iface string, fs []sent, statsOn
 		got.eq(t, "moat_syncookie_accept_errors_total", counterT, float64(p.AcceptErrors), "port", port)
 		got.eq(t, "moat_syncookie_accept_queue_full_total", counterT, float64(p.AcceptQueueFull), "port", port)
 		got.eq(t, "moat_syncookie_mptcp_syns_total", counterT, float64(p.MPTCPSYNs), "port", port)
+		got.eq(t, "moat_syncookie_nat_syns_total", counterT, float64(p.NATSYNs), "port", port)
 		got.eq(t, "moat_syncookie_resets_sent_total", counterT, float64(p.ResetsSent), "port", port)
 		got.eq(t, "moat_syncookie_syns_dropped_total", counterT, float64(p.SYNsDropped), "port", port)
 		got.eq(t, "moat_syncookie_syns_passed_total", counterT, float64(p.SYNsPassed), "port", port)

@@ -71,7 +71,17 @@ type filterObjects struct {
 	// HHSeed keys the heavy-hitter gate's fingerprints (bpf/include/
 	// ratelimit_maps.h), drawn afresh for every filter loaded.
 	HHSeed *ebpf.Variable `ebpf:"hh_seed"`
+	// natUnknown: the filter was loaded without the addresses of the
+	// kernel's NAT hooks (syncookie.SetNATHooks), so it cannot tell
+	// whether NAT runs in the namespace.
+	natUnknown bool
 }
+
+// natUnknownNote is attach's warning when the filter cannot tell whether
+// NAT runs in the namespace.
+const natUnknownNote = "the kernel hides its symbols' addresses (kernel.kptr_restrict), so moat cannot tell whether NAT " +
+	"runs in this namespace; where it does, the kernel resets every handshake moat answers with a SYN cookie " +
+	"(README: NAT in the namespace)"
 
 func (o *filterObjects) Close() {
 	for _, c := range []interface{ Close() error }{o.Filter, o.SynAccept, o.Counters} {
@@ -98,10 +108,15 @@ func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
 	if err := SeedFilter(spec); err != nil {
 		return nil, err
 	}
+	known, err := syncookie.SetNATHooks(spec)
+	if err != nil {
+		return nil, err
+	}
 	var objs filterObjects
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		return nil, fmt.Errorf("load XDP program: %w", err)
 	}
+	objs.natUnknown = !known
 	return &objs, nil
 }
 
@@ -128,6 +143,17 @@ type AttachResult struct {
 	Mode     Mode
 	Replaced bool   // an attached program was replaced in place
 	Warning  string // e.g. the fallback to generic mode
+}
+
+// warn adds w to the result's warnings.
+func (r *AttachResult) warn(w string) {
+	if w == "" {
+		return
+	}
+	if r.Warning != "" {
+		r.Warning += "; "
+	}
+	r.Warning += w
 }
 
 // Attach loads the filter on an interface and pins it. If moat is attached
@@ -188,8 +214,9 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 	if _, err := os.Stat(dir); err == nil {
 		if !pinnedLinkGone(dir, iface.Index) {
 			r, err := s.replace(name, iface.Index, mode)
-			r.Warning = strings.TrimPrefix(res.Warning+"; "+r.Warning, "; ")
-			r.Warning = strings.TrimSuffix(r.Warning, "; ")
+			w := r.Warning
+			r.Warning = res.Warning
+			r.warn(w)
 			return r, err
 		}
 		// The interface was deleted since moat attached to it, and one of
@@ -199,7 +226,7 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 		if err := os.RemoveAll(dir); err != nil {
 			return res, fmt.Errorf("remove the pins of the deleted %s: %w", name, err)
 		}
-		res.Warning = strings.TrimPrefix(res.Warning+"; "+fmt.Sprintf("%s was deleted and made again since moat attached to it; attached anew, counters from zero", name), "; ")
+		res.warn(fmt.Sprintf("%s was deleted and made again since moat attached to it; attached anew, counters from zero", name))
 	}
 
 	objs, err := s.loadFilter(nil)
@@ -224,7 +251,7 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 		l, err = attach(link.XDPDriverMode)
 		if err != nil {
 			res.Mode = ModeGeneric
-			res.Warning = strings.TrimPrefix(res.Warning+"; "+fmt.Sprintf("native XDP is not available on %s (%v); attached in generic mode, which is much slower", name, err), "; ")
+			res.warn(fmt.Sprintf("native XDP is not available on %s (%v); attached in generic mode, which is much slower", name, err))
 			l, err = attach(link.XDPGenericMode)
 		}
 	}
@@ -237,11 +264,18 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 		return res, fmt.Errorf("attach to %s: %w", name, err)
 	}
 	defer l.Close()
-	tcl, err := syncookie.AttachTC(objs.SynAccept, iface.Index)
+	tcIndex, bridge := acceptorIfindex(iface.Index)
+	tcl, err := syncookie.AttachTC(objs.SynAccept, tcIndex)
 	if err != nil {
 		return res, err
 	}
 	defer tcl.Close()
+	if bridge != "" {
+		res.warn(bridgeNote(name, bridge))
+	}
+	if objs.natUnknown {
+		res.warn(natUnknownNote)
+	}
 
 	// Pin into a temporary directory and rename it into place, so that a
 	// reader finds either nothing or the whole set.
@@ -437,6 +471,46 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 		return res, fmt.Errorf("open pinned tc link of %s: %w", name, err)
 	}
 	defer tcl.Close()
+	// The acceptor goes where acceptorIfindex says (an interface made a
+	// bridge port since moat attached to it gets it on the bridge, one
+	// taken out of its bridge gets it back), and first in the tcx chain
+	// there (syncookie.AttachTC): one with programs ahead of it (attached
+	// by an older moat, which took the tail, or put behind by a tool
+	// attached at the head since) moves to the head. The new program gets
+	// its link before the old link goes, so no cookie ACK meets neither.
+	tcIndex, bridge := acceptorIfindex(ifindex)
+	moved, ahead := false, 0
+	if info, err := tcl.Info(); err == nil && info.TCX() != nil {
+		if int(info.TCX().Ifindex) == tcIndex {
+			if n, ok, err := syncookie.TCXAhead(tcIndex, info.Program); err == nil && ok {
+				ahead = n
+			}
+		}
+		moved = int(info.TCX().Ifindex) != tcIndex || ahead > 0
+	}
+	if moved {
+		nl, err := syncookie.AttachTC(objs.SynAccept, tcIndex)
+		if err != nil {
+			return res, err
+		}
+		defer nl.Close()
+		next := filepath.Join(dir, "tc-link-new")
+		if err := nl.Pin(next); err != nil {
+			return res, err
+		}
+		// The old link loses its pin here, and goes with tcl.Close.
+		if err := os.Rename(next, filepath.Join(dir, "tc-link")); err != nil {
+			nl.Unpin()
+			return res, err
+		}
+		switch {
+		case ahead > 0:
+			res.warn(fmt.Sprintf("moat's SYN acceptor on %s ran behind %d other tcx ingress program(s), "+
+				"which could keep cookie handshakes from it; it runs first now", name, ahead))
+		case bridge != "":
+			res.warn(bridgeNote(name, bridge))
+		}
+	}
 	// The acceptor first, so that it knows every cookie the new filter
 	// can issue.
 	for _, u := range []struct {
@@ -444,7 +518,9 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 		prog *ebpf.Program
 		pin  string
 	}{{tcl, objs.SynAccept, "tc-prog"}, {l, objs.Filter, "prog"}} {
-		if err := u.l.Update(u.prog); err != nil {
+		if u.pin == "tc-prog" && moved {
+			// Attached above, on a link of its own.
+		} else if err := u.l.Update(u.prog); err != nil {
 			return res, fmt.Errorf("replace program on %s: %w", name, err)
 		}
 		next := filepath.Join(dir, u.pin+"-new")
@@ -465,6 +541,33 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 		}
 	}
 	return res, nil
+}
+
+// acceptorIfindex is the interface at whose tcx ingress moat's SYN
+// acceptor runs for a filter attached to interface ifindex: that
+// interface, or for a port of a bridge the bridge, with its name. Frames
+// for this host arrive at a bridge port and go up through the bridge
+// device; on the way the bridge's netfilter (br_netfilter, with
+// net.bridge.bridge-nf-call-iptables or -ip6tables on, as on hosts of
+// Kubernetes, Docker or Proxmox) orphans the skb, which drops the request
+// socket an acceptor at the port handed the kernel, and the kernel resets
+// the handshake. At the bridge's ingress the acceptor runs after that.
+func acceptorIfindex(ifindex int) (int, string) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil || l.Attrs().MasterIndex == 0 {
+		return ifindex, ""
+	}
+	m, err := netlink.LinkByIndex(l.Attrs().MasterIndex)
+	if err != nil || m.Type() != "bridge" {
+		return ifindex, ""
+	}
+	return m.Attrs().Index, m.Attrs().Name
+}
+
+func bridgeNote(iface, bridge string) string {
+	return fmt.Sprintf("%s is a port of bridge %s: moat's SYN acceptor runs at %s's tcx ingress, "+
+		"where this host's frames arrive past the bridge's netfilter; if %s leaves the bridge, run `moat attach %s` again",
+		iface, bridge, bridge, iface, iface)
 }
 
 // currentMode asks the kernel how XDP is attached to an interface.
@@ -579,6 +682,38 @@ type Attachment struct {
 	ProgramID uint32 `json:"program_id"`
 	LinkID    uint32 `json:"link_id"`
 	Present   bool   `json:"present"` // false when the interface has gone away
+}
+
+// AcceptorsBehind says, for each interface moat is attached to whose
+// tcx ingress chain runs other programs before moat's SYN acceptor, how
+// many. A program there that ends the chain (TCX_PASS, as Cilium's do)
+// keeps the third ACKs of moat's cookies from the acceptor, and the
+// kernel resets those handshakes; `moat attach` moves the acceptor first.
+func (s *Shield) AcceptorsBehind() (map[string]int, error) {
+	names, err := s.attachedNames()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, name := range names {
+		l, err := link.LoadPinnedLink(filepath.Join(s.ifaceDir(name), "tc-link"), nil)
+		if err != nil {
+			continue
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil || info.TCX() == nil {
+			continue
+		}
+		n, ok, err := syncookie.TCXAhead(int(info.TCX().Ifindex), info.Program)
+		if err != nil {
+			return nil, err
+		}
+		if ok && n > 0 {
+			out[name] = n
+		}
+	}
+	return out, nil
 }
 
 // Attachments lists the interfaces moat is attached to.

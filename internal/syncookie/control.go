@@ -1,10 +1,12 @@
 package syncookie
 
 import (
+	"bufio"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/bits"
 	"os"
@@ -654,6 +656,10 @@ type PortStatus struct {
 	// RSTs sent for stray ACKs (Config.ResetsPerSec); those ACKs are
 	// also in ACKsDropped and CookiesRejected.
 	ResetsSent uint64 `json:"resets_sent"`
+	// SYNs left to the kernel because NAT runs for their address family
+	// in the listener's namespace: it would drop the request socket of a
+	// moat cookie handshake (SetNATHooks). Also in SYNsPassed.
+	NATSYNs uint64 `json:"nat_syns"`
 }
 
 // Status reads the protected ports and sums their per-CPU counters.
@@ -702,6 +708,7 @@ func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
 			s.AcceptQueueFull += c.AcceptQueueFull
 			s.MPTCPSYNs += c.MptcpSyns
 			s.ResetsSent += c.ResetsSent
+			s.NATSYNs += c.NatSyns
 			s.SYNsDropped += c.SynsDropped
 			s.SYNsPassed += c.SynsPassed
 			s.StaleKeySYNs += c.StaleKeySyns
@@ -795,19 +802,97 @@ func checkSysctlsIn(dir string) (notes []string, err error) {
 	return notes, errors.New(strings.Join(errs, "; "))
 }
 
+// natHooks are the kernel functions NAT runs at LOCAL_IN for IPv4 and
+// IPv6, in the order of the data path's syn_nat_hook.
+var natHooks = [2]string{"nf_nat_ipv4_local_in", "nf_nat_ipv6_local_in"}
+
+// NATHooks reads from kallsyms (/proc/kallsyms) the addresses of the
+// functions NAT runs at LOCAL_IN (0 for one the kernel lacks), and
+// whether kallsyms shows addresses at all: with kernel.kptr_restrict, or
+// to a reader without CAP_SYSLOG, every address reads 0.
+func NATHooks(kallsyms io.Reader) (addrs [2]uint64, visible bool, err error) {
+	sc := bufio.NewScanner(kallsyms)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 {
+			continue
+		}
+		a, err := strconv.ParseUint(f[0], 16, 64)
+		if err != nil {
+			continue
+		}
+		visible = visible || a != 0
+		for i, name := range natHooks {
+			if f[2] == name {
+				addrs[i] = a
+			}
+		}
+	}
+	return addrs, visible, sc.Err()
+}
+
+// SetNATHooks writes into spec, before it is loaded, where the kernel's
+// NAT hooks are, so that the data path knows a namespace in which NAT
+// runs at LOCAL_IN: there the kernel would drop the request socket of
+// every cookie handshake moat's acceptor hands it (see SYN_NET_NAT4 in
+// bpf/include/syncookie.h), and moat leaves SYNs to the kernel instead.
+// known is false where kallsyms hides the addresses (kernel.kptr_restrict)
+// or cannot be read: the data path then cannot tell.
+func SetNATHooks(spec *ebpf.CollectionSpec) (known bool, err error) {
+	v, ok := spec.Variables[datapath.MoatVarSynNatHook]
+	if !ok {
+		return false, fmt.Errorf("the BPF object has no %s", datapath.MoatVarSynNatHook)
+	}
+	f, err := os.Open("/proc/kallsyms")
+	if err != nil {
+		return false, nil
+	}
+	defer f.Close()
+	addrs, visible, err := NATHooks(f)
+	if err != nil {
+		return false, fmt.Errorf("read /proc/kallsyms: %w", err)
+	}
+	if err := v.Set(addrs); err != nil {
+		return false, fmt.Errorf("set %s: %w", datapath.MoatVarSynNatHook, err)
+	}
+	return visible, nil
+}
+
 // AttachTC attaches the cookie accepting program (moat_syn_accept) to the
 // tcx ingress hook of an interface. It must run on every interface whose
-// XDP program issues cookies.
+// XDP program issues cookies. It goes first in the chain: a program ahead
+// of it that ends the chain (TCX_PASS, as Cilium's do) would keep the
+// third ACKs of moat's cookies from it, and the kernel, which has no
+// request socket for them, would reset every such handshake. The acceptor
+// itself never ends the chain nor drops, so the programs after it see
+// every packet as before.
 func AttachTC(prog *ebpf.Program, ifindex int) (link.Link, error) {
 	l, err := link.AttachTCX(link.TCXOptions{
 		Interface: ifindex,
 		Program:   prog,
 		Attach:    ebpf.AttachTCXIngress,
+		Anchor:    link.Head(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("attach syn accept program to tcx ingress of ifindex %d: %w", ifindex, err)
 	}
 	return l, nil
+}
+
+// TCXAhead counts the tcx ingress programs of interface ifindex (in the
+// calling thread's network namespace) that run before the program prog,
+// the SYN acceptor; ok is false if prog is not attached there.
+func TCXAhead(ifindex int, prog ebpf.ProgramID) (n int, ok bool, err error) {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return 0, false, fmt.Errorf("query tcx ingress programs of ifindex %d: %w", ifindex, err)
+	}
+	for i, p := range res.Programs {
+		if p.ID == prog {
+			return i, true, nil
+		}
+	}
+	return 0, false, nil
 }
 
 // Listening says whether a TCP socket listens on port in the network
