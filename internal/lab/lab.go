@@ -210,10 +210,32 @@ func (l *Lab) Close() error {
 	return l.closeErr
 }
 
+// sharedNetnsDir makes netnsDir a shared mount point, as `ip netns add`
+// does before its first namespace: bound onto itself if it is not a mount
+// point yet. Otherwise an `ip netns add` while a lab runs binds netnsDir
+// onto itself above the lab's namespace mounts, whose copies the lab then
+// unmounts while the mounts themselves stay, hidden: the namespaces and
+// their files outlive the lab.
+func sharedNetnsDir() error {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) { // not a mount point
+		if err = unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err == nil {
+			err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("make %s a shared mount point: %w", netnsDir, err)
+	}
+	return nil
+}
+
 // newHost creates a network namespace bind-mounted at netnsDir/name without
 // moving the calling goroutine into it.
 func newHost(name string) (*Host, error) {
-	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+	if err := sharedNetnsDir(); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
 	}
 	nsPath := filepath.Join(netnsDir, name)

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -472,6 +474,51 @@ func TestQuiet(t *testing.T) {
 	for name, c := range counters() {
 		if c != [2]uint64{} {
 			t.Errorf("%s: idle lab counted rx %d tx %d packets", name, c[0], c[1])
+		}
+	}
+}
+
+// TestCloseAfterIPNetnsAdd: on a host where netnsDir is no mount point yet,
+// an `ip netns add` while a lab ran bound netnsDir onto itself above the
+// lab's namespace mounts; Close then unmounted their copies, and the
+// namespaces and their files outlived the lab. The test runs again in a
+// mount namespace of its own in which netnsDir is a plain directory, as on
+// a fresh host.
+func TestCloseAfterIPNetnsAdd(t *testing.T) {
+	if os.Getenv("MOAT_LAB_FRESH_NETNS_DIR") == "" {
+		if _, err := exec.LookPath("ip"); err != nil {
+			t.Skip("no ip command (iproute2)")
+		}
+		script := "while mountpoint -q " + netnsDir + "; do umount -l " + netnsDir + " || exit 1; done; " +
+			`exec "$0" -test.run '^TestCloseAfterIPNetnsAdd$' -test.count=1 -test.v`
+		cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, os.Args[0])
+		cmd.Env = append(os.Environ(), "MOAT_LAB_FRESH_NETNS_DIR=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestCloseAfterIPNetnsAdd") {
+			t.Fatalf("in a mount namespace of its own: %v\n%s", err, out)
+		}
+		return
+	}
+	l, err := New("lab-ipns")
+	if errors.Is(err, ErrUnsupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := []string{l.Server.NSPath, l.Client.NSPath, l.Attacker.NSPath}
+	other := filepath.Base(l.Server.NSPath) + "-ip"
+	if out, err := exec.Command("ip", "netns", "add", other).CombinedOutput(); err != nil {
+		l.Close()
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", other).Run()
+	if err := l.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s outlived the lab (stat: %v)", p, err)
 		}
 	}
 }
