@@ -274,12 +274,14 @@ struct syn_config {
  * born: a SYN left to the kernel (XDP) and a cookie handshake accepted
  * (tc). A pass raises generation, then marks; when it is done, floor
  * becomes the generation before its own, as events may still have written
- * that one, and the control plane clears, in every slot, the bits of the
- * two other generations modulo 4, which can only hold marks older than
- * floor. So a slot with any bit set may belong to a socket, and one with
- * none cannot: its tuple has none. Marks of generations below floor that
- * are not cleared yet (passes that failed) and collisions only cost
- * lookups.
+ * that one, and the control plane clears, in every slot, the bits of
+ * generation floor - 1 modulo 4 (and of floor - 2, the next pass's, when
+ * the pass before did not complete): they can only hold marks older than
+ * floor. A pass that finds the generation raised by another process when
+ * it is done neither sets floor nor clears. So a slot with any bit set
+ * may belong to a socket, and one with none cannot: its tuple has none.
+ * Marks of generations below floor that are not cleared yet (passes that
+ * failed) and collisions only cost lookups.
  *
  * floor 0 (no full pass yet, a fresh map) or a clock past valid_until_ns
  * (the control plane stopped counting) means no slot can be trusted and

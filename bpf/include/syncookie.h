@@ -52,10 +52,11 @@
  * its offset is masked with this so the verifier sees it bounded. A larger
  * offset (a kilobyte of extension headers) is not a handshake moat takes. */
 #define SYN_L4_MASK 0x3ff
-/* The longest headers: Ethernet, two tags, IPv4 with options and TCP with
- * options. tc pulls this much into the linear area when the headers are
- * not there. */
-#define SYN_PULL_LEN (SYN_MAX_L3_OFF + 60 + 60)
+/* The longest headers a handshake moat takes has: its TCP header, with
+ * options, at up to SYN_L4_MASK (two tags, IPv4 options or IPv6 extension
+ * headers before it). tc pulls this much into the linear area when the
+ * headers are not there. */
+#define SYN_PULL_LEN (SYN_L4_MASK + 60)
 #define SYNACK_TCP_LEN 40 /* 20 bytes of header, 20 of options at most */
 #define IPV6_MIN_MSS 1220 /* IPv6 minimum MTU 1280 - 60 */
 #define IPV4_MIN_MSS 536
@@ -72,15 +73,32 @@ struct netns_ipv4___moat {
 	int sysctl_tcp_rmem[3];
 } __attribute__((preserve_access_index));
 
-/* The netfilter hooks of a namespace (struct netns_nf): an entry's hook
- * is compared with the address of the NAT's LOCAL_IN hook (syn_nat_hook). */
+/* The netfilter hooks of a namespace (struct netns_nf), as far as moat
+ * reads them to learn whether NAT runs at LOCAL_IN (syn_net_nat). A hook
+ * list (struct nf_hook_entries) holds its entries, then, in a trailer, a
+ * pointer to each one's registration (struct nf_hook_ops), in the same
+ * order: by priority. */
 struct nf_hook_entry___moat {
 	void *hook;
+	void *priv;
 } __attribute__((preserve_access_index));
 
 struct nf_hook_entries___moat {
 	__u16 num_hook_entries;
 	struct nf_hook_entry___moat hooks[];
+} __attribute__((preserve_access_index));
+
+enum nf_hook_ops_type___moat {
+	NF_HOOK_OP_UNDEFINED___moat = 0, /* a hook of the kernel's own */
+	NF_HOOK_OP_NF_TABLES___moat = 1, /* an nftables chain */
+};
+
+struct nf_hook_ops___moat {
+	__u8 pf;
+	/* An enum, as the kernel's: CO-RE takes no int for it. */
+	enum nf_hook_ops_type___moat hook_ops_type : 8;
+	unsigned int hooknum;
+	int priority;
 } __attribute__((preserve_access_index));
 
 struct netns_nf___moat {
@@ -92,11 +110,6 @@ struct net___moat {
 	struct netns_ipv4___moat ipv4;
 	struct netns_nf___moat nf; /* absent without CONFIG_NETFILTER */
 } __attribute__((preserve_access_index));
-
-/* The addresses of the kernel's nf_nat_ipv4_local_in and
- * nf_nat_ipv6_local_in (from /proc/kallsyms, set by the control plane
- * when it loads the program; 0 when unknown). */
-volatile const __u64 syn_nat_hook[2];
 
 struct possible_net_t___moat {
 	struct net___moat *net;
@@ -164,40 +177,57 @@ enum syn_net_setting {
 	SYN_NET_NAT6 = 1 << 6,
 };
 
-/* LOCAL_IN hooks looked at, in priority order: conntrack, the tables of
- * iptables and nftables (a host of firewalld, Docker and Kubernetes has
- * a dozen), NAT. A namespace with more is taken for one where NAT runs. */
-#define SYN_NAT_MAX_HOOKS 16
 #define SYN_NF_INET_LOCAL_IN 1
+#define SYN_NFPROTO_IPV4 2
+#define SYN_NFPROTO_IPV6 10
+/* NF_IP_PRI_NAT_SRC and NF_IP6_PRI_NAT_SRC: NAT's LOCAL_IN hook. */
+#define SYN_NF_PRI_NAT_SRC 100
+/* Hooks of a list looked at, in priority order: conntrack's, the tables
+ * of iptables and nftables (the input chains of a host of firewalld,
+ * Docker and Kubernetes come to a handful), NAT's. A list with more is
+ * taken for one where NAT runs. */
+#define SYN_NAT_MAX_HOOKS 16
 
-/* Whether entries from to from + 7 of hook list e (of n) hold the
- * function at address fn: eight at a time, as many as clang unrolls. */
-static __always_inline int syn_nf_hooks_from(const struct nf_hook_entries___moat *e, __u16 n, __u64 fn,
-					     const int from)
+/* Whether NAT's LOCAL_IN hook is in hook list e (a kernel pointer, read
+ * with probes) of protocol family pf: the kernel registers it, whatever
+ * front end asked for NAT (iptables, nftables of any family), as a hook of
+ * its own at NAT_SRC priority, which no nftables chain (NF_TABLES) nor
+ * IPVS (98 and 99) is. Recognised by its registration rather than its
+ * function's address, which a module loaded later would change. 1 too
+ * where it cannot tell. */
+static __always_inline int syn_nf_nat_hooked(__u64 e, __u8 pf)
 {
+	__u64 trailer;
+	__u16 n = 0;
 	int i;
 
-#pragma unroll
-	for (i = from; i < from + 8; i++) {
+	if (!e)
+		return 0;
+	if (bpf_probe_read_kernel(&n, sizeof(n), (void *)(e + bpf_core_field_offset(struct nf_hook_entries___moat,
+										       num_hook_entries))))
+		return 1;
+	if (n > SYN_NAT_MAX_HOOKS)
+		return 1;
+	trailer = e + bpf_core_field_offset(struct nf_hook_entries___moat, hooks) +
+		  (__u64)n * bpf_core_type_size(struct nf_hook_entry___moat);
+	for (i = 0; i < SYN_NAT_MAX_HOOKS; i++) {
+		const struct nf_hook_ops___moat *ops = NULL;
+		int prio;
+
 		if (i >= n)
 			break;
-		if ((__u64)e->hooks[i].hook == fn)
+		if (bpf_probe_read_kernel(&ops, sizeof(ops), (void *)(trailer + i * sizeof(ops))) || !ops)
+			return 1;
+		prio = BPF_CORE_READ(ops, priority);
+		if (prio > SYN_NF_PRI_NAT_SRC)
+			break; /* in priority order: none after */
+		if (prio == SYN_NF_PRI_NAT_SRC && BPF_CORE_READ(ops, hooknum) == SYN_NF_INET_LOCAL_IN &&
+		    BPF_CORE_READ(ops, pf) == pf &&
+		    (!bpf_core_field_exists(ops->hook_ops_type) ||
+		     BPF_CORE_READ_BITFIELD_PROBED(ops, hook_ops_type) == NF_HOOK_OP_UNDEFINED___moat))
 			return 1;
 	}
 	return 0;
-}
-
-/* Whether hook list e holds the function at address fn. */
-static __always_inline int syn_nf_hooks_hold(const struct nf_hook_entries___moat *e, __u64 fn)
-{
-	__u16 n;
-
-	if (!e || !fn)
-		return 0;
-	n = e->num_hook_entries;
-	if (n > SYN_NAT_MAX_HOOKS)
-		return 1;
-	return syn_nf_hooks_from(e, n, fn, 0) || syn_nf_hooks_from(e, n, fn, 8);
 }
 
 /* The SYN_NET_NAT bit of an address family (4 or 6). */
@@ -206,16 +236,24 @@ static __always_inline __u32 syn_net_nat_bit(int family)
 	return family == 4 ? SYN_NET_NAT4 : SYN_NET_NAT6;
 }
 
-/* SYN_NET_NAT4 and SYN_NET_NAT6 of namespace net. */
-static __always_inline __u32 syn_net_nat(const struct net___moat *net)
+/* SYN_NET_NAT4 and SYN_NET_NAT6 of namespace net (a struct net * as a
+ * number). A global function: the verifier walks its loops once, not on
+ * every path of the tc program that leads to it. */
+__attribute__((noinline)) int syn_net_nat(__u64 net)
 {
-	__u32 s = 0;
+	__u64 e4 = 0, e6 = 0;
+	int s = 0;
 
-	if (!bpf_core_field_exists(net->nf))
+	if (!net || !bpf_core_field_exists(struct net___moat, nf))
 		return 0;
-	if (syn_nf_hooks_hold(net->nf.hooks_ipv4[SYN_NF_INET_LOCAL_IN], syn_nat_hook[0]))
+	if (bpf_probe_read_kernel(&e4, sizeof(e4),
+				  (void *)(net + bpf_core_field_offset(struct net___moat, nf.hooks_ipv4[SYN_NF_INET_LOCAL_IN]))) ||
+	    bpf_probe_read_kernel(&e6, sizeof(e6),
+				  (void *)(net + bpf_core_field_offset(struct net___moat, nf.hooks_ipv6[SYN_NF_INET_LOCAL_IN]))))
+		return SYN_NET_NAT4 | SYN_NET_NAT6;
+	if (syn_nf_nat_hooked(e4, SYN_NFPROTO_IPV4))
 		s |= SYN_NET_NAT4;
-	if (syn_nf_hooks_hold(net->nf.hooks_ipv6[SYN_NF_INET_LOCAL_IN], syn_nat_hook[1]))
+	if (syn_nf_nat_hooked(e6, SYN_NFPROTO_IPV6))
 		s |= SYN_NET_NAT6;
 	return s;
 }
@@ -225,6 +263,7 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 {
 	const struct sock_common___moat *skc = (const void *)tsk;
 	const struct net___moat *net;
+	__u64 netp = 0;
 	__u32 s = 0;
 
 	if (!skc)
@@ -246,7 +285,10 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 		s |= SYN_NET_WSCALE;
 	if (net->ipv4.sysctl_tcp_ecn)
 		s |= SYN_NET_ECN;
-	return s | syn_net_nat(net);
+	/* The pointer again, read as a number: syn_net_nat takes one. */
+	if (bpf_probe_read_kernel(&netp, sizeof(netp), &skc->skc_net.net))
+		return s | SYN_NET_NAT4 | SYN_NET_NAT6;
+	return s | syn_net_nat(netp);
 }
 
 /* The MSS a listener sets for itself (TCP_MAXSEG), 0 for none. */
@@ -1917,6 +1959,10 @@ __attribute__((noinline)) int syn_accept_packet(struct __sk_buff *skb, struct pa
 	if (p->l4proto != IPPROTO_TCP || !p->has_l4)
 		return SYN_TC_NEXT;
 	if ((p->tcp_flags & (TCPF_SYN | TCPF_ACK | TCPF_RST)) != TCPF_ACK)
+		return SYN_TC_NEXT;
+	/* The first part of a fragmented segment is reassembled by the stack
+	 * after tc: no request socket goes with a part. */
+	if (p->first_fragment)
 		return SYN_TC_NEXT;
 	key = p->dport;
 	port = bpf_map_lookup_elem(&syn_ports, &key);

@@ -621,9 +621,6 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 	if err := shield.SeedFilter(spec); err != nil {
 		return nil, err.Error()
 	}
-	if _, err := syncookie.SetNATHooks(spec); err != nil { // as attach loads it
-		return nil, err.Error()
-	}
 	m := &moatSynDefence{b: b}
 	if err := spec.LoadAndAssign(&m.objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		return nil, "load moat's filter with SYN cookies: " + err.Error()

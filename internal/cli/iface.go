@@ -353,6 +353,13 @@ func newStatusCmd(g *globals) *cobra.Command {
 			w.Flush()
 			fmt.Fprintf(cmd.OutOrStdout(), "rules: %d allow, %d deny, %d port\npolicy: fragments %s, malformed %s\n",
 				st.Rules.Allow, st.Rules.Deny, st.Rules.Ports, st.Settings.Fragments, st.Settings.Malformed)
+			for _, a := range st.Interfaces {
+				if a.AcceptorMisplaced {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: moat's SYN acceptor is not where the filter needs it (a bridge made anew, or %s "+
+						"joined, left or changed bridges): the kernel resets cookie handshakes there until `moat attach %s` "+
+						"(the daemon does it itself)\n", a.Iface, a.Iface, a.Iface)
+				}
+			}
 			if name, err := s.SettingsOlderFilter(); err == nil && name != "" {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s runs an older moat's filter: the policy and monitor mode above do not reach it until `moat attach %s`\n", name, name)
 			}

@@ -244,7 +244,9 @@ func liveAttachments(s *shield.Shield) (map[string]bool, error) {
 	}
 	live := map[string]bool{}
 	for _, a := range atts {
-		if ifc, err := net.InterfaceByName(a.Iface); err == nil && a.Present && a.Ifindex == ifc.Index {
+		// An acceptor left on a bridge that was deleted or that the
+		// interface left is as lost as the filter: attached again.
+		if ifc, err := net.InterfaceByName(a.Iface); err == nil && a.Present && a.Ifindex == ifc.Index && !a.AcceptorMisplaced {
 			live[a.Iface] = true
 		}
 	}

@@ -305,6 +305,7 @@ func Run(ctx context.Context, opts Options) error {
 			d.rotate()
 		case <-sample.C:
 			d.sample()
+			d.healAcceptors()
 		case <-census.Retry():
 			census.Take()
 		}
@@ -652,6 +653,43 @@ func (d *Daemon) sample() {
 		if !seen[p] {
 			delete(d.flooding, p)
 		}
+	}
+}
+
+// healAcceptors attaches again, in place, the interfaces of the config
+// whose SYN acceptor is not where their filter needs it any more (a bridge
+// deleted and made again, an interface moved between bridges), which
+// would have the kernel reset every cookie handshake there. The check
+// reads pins only; the state is locked only to mend.
+func (d *Daemon) healAcceptors() {
+	names, err := shield.MisplacedAcceptors(d.root)
+	if err != nil || len(names) == 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	modes := map[string]shield.Mode{}
+	for _, i := range d.cfg.Interfaces {
+		modes[i.Name] = i.AttachMode()
+	}
+	err = d.withShield(func(s *shield.Shield) error {
+		for _, name := range names {
+			mode, ok := modes[name]
+			if !ok {
+				continue // attached by hand, not the daemon's to move
+			}
+			res, err := s.Attach(name, mode)
+			if _, err = shield.FollowUp(err); err != nil {
+				d.log.Error("put moat's SYN acceptor back", "iface", name, "err", err)
+				continue
+			}
+			d.log.Warn("moat's SYN acceptor was no longer where the filter needs it (a bridge made anew, "+
+				"or the interface moved between bridges); attached again", "iface", name, "note", res.Warning)
+		}
+		return nil
+	})
+	if err != nil {
+		d.log.Error("put moat's SYN acceptors back", "err", err)
 	}
 }
 

@@ -577,7 +577,6 @@ const (
 	MoatProgMoatSynAccept             = "moat_syn_accept"
 	MoatProgMoatSynCensus             = "moat_syn_census"
 	MoatVarHhSeed                     = "hh_seed"
-	MoatVarSynNatHook                 = "syn_nat_hook"
 	MoatVarUnusedCaptureExportedTypes = "unused_capture_exported_types"
 	MoatVarUnusedExportedTypes        = "unused_exported_types"
 	MoatVarUnusedRlExportedTypes      = "unused_rl_exported_types"
@@ -687,7 +686,6 @@ type MoatMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatVariableSpecs struct {
 	HhSeed                     *ebpf.VariableSpec `ebpf:"hh_seed"`
-	SynNatHook                 *ebpf.VariableSpec `ebpf:"syn_nat_hook"`
 	UnusedCaptureExportedTypes *ebpf.VariableSpec `ebpf:"unused_capture_exported_types"`
 	UnusedExportedTypes        *ebpf.VariableSpec `ebpf:"unused_exported_types"`
 	UnusedRlExportedTypes      *ebpf.VariableSpec `ebpf:"unused_rl_exported_types"`
@@ -812,7 +810,6 @@ func (m *MoatMaps) Close() error {
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatVariables struct {
 	HhSeed                     *ebpf.Variable `ebpf:"hh_seed"`
-	SynNatHook                 *ebpf.Variable `ebpf:"syn_nat_hook"`
 	UnusedCaptureExportedTypes *ebpf.Variable `ebpf:"unused_capture_exported_types"`
 	UnusedExportedTypes        *ebpf.Variable `ebpf:"unused_exported_types"`
 	UnusedRlExportedTypes      *ebpf.Variable `ebpf:"unused_rl_exported_types"`

@@ -71,17 +71,7 @@ type filterObjects struct {
 	// HHSeed keys the heavy-hitter gate's fingerprints (bpf/include/
 	// ratelimit_maps.h), drawn afresh for every filter loaded.
 	HHSeed *ebpf.Variable `ebpf:"hh_seed"`
-	// natUnknown: the filter was loaded without the addresses of the
-	// kernel's NAT hooks (syncookie.SetNATHooks), so it cannot tell
-	// whether NAT runs in the namespace.
-	natUnknown bool
 }
-
-// natUnknownNote is attach's warning when the filter cannot tell whether
-// NAT runs in the namespace.
-const natUnknownNote = "the kernel hides its symbols' addresses (kernel.kptr_restrict), so moat cannot tell whether NAT " +
-	"runs in this namespace; where it does, the kernel resets every handshake moat answers with a SYN cookie " +
-	"(README: NAT in the namespace)"
 
 func (o *filterObjects) Close() {
 	for _, c := range []interface{ Close() error }{o.Filter, o.SynAccept, o.Counters} {
@@ -108,15 +98,10 @@ func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
 	if err := SeedFilter(spec); err != nil {
 		return nil, err
 	}
-	known, err := syncookie.SetNATHooks(spec)
-	if err != nil {
-		return nil, err
-	}
 	var objs filterObjects
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		return nil, fmt.Errorf("load XDP program: %w", err)
 	}
-	objs.natUnknown = !known
 	return &objs, nil
 }
 
@@ -272,9 +257,6 @@ func (s *Shield) attach(name string, mode Mode) (AttachResult, error) {
 	defer tcl.Close()
 	if bridge != "" {
 		res.warn(bridgeNote(name, bridge))
-	}
-	if objs.natUnknown {
-		res.warn(natUnknownNote)
 	}
 
 	// Pin into a temporary directory and rename it into place, so that a
@@ -494,13 +476,8 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 			return res, err
 		}
 		defer nl.Close()
-		next := filepath.Join(dir, "tc-link-new")
-		if err := nl.Pin(next); err != nil {
-			return res, err
-		}
 		// The old link loses its pin here, and goes with tcl.Close.
-		if err := os.Rename(next, filepath.Join(dir, "tc-link")); err != nil {
-			nl.Unpin()
+		if err := pinOver(dir, "tc-link", nl); err != nil {
 			return res, err
 		}
 		switch {
@@ -523,24 +500,39 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 		} else if err := u.l.Update(u.prog); err != nil {
 			return res, fmt.Errorf("replace program on %s: %w", name, err)
 		}
-		next := filepath.Join(dir, u.pin+"-new")
-		if err := u.prog.Pin(next); err != nil {
-			return res, err
-		}
-		if err := os.Rename(next, filepath.Join(dir, u.pin)); err != nil {
+		if err := pinOver(dir, u.pin, u.prog); err != nil {
 			return res, err
 		}
 	}
 	if newCounters {
-		next := filepath.Join(dir, "counters-new")
-		if err := objs.Counters.Pin(next); err != nil {
-			return res, err
-		}
-		if err := os.Rename(next, filepath.Join(dir, "counters")); err != nil {
+		if err := pinOver(dir, "counters", objs.Counters); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
+}
+
+// pinOver pins p at dir/name in place of what is pinned there: through
+// dir/name-new, renamed onto it, so that a reader opens one or the other,
+// never neither. A name-new that a replacement cut short left behind goes
+// first: it would keep its object (a second acceptor, say) alive for good,
+// and make every later replacement fail.
+func pinOver(dir, name string, p interface {
+	Pin(string) error
+	Unpin() error
+}) error {
+	next := filepath.Join(dir, name+"-new")
+	if err := os.Remove(next); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := p.Pin(next); err != nil {
+		return err
+	}
+	if err := os.Rename(next, filepath.Join(dir, name)); err != nil {
+		p.Unpin()
+		return err
+	}
+	return nil
 }
 
 // acceptorIfindex is the interface at whose tcx ingress moat's SYN
@@ -552,16 +544,35 @@ func (s *Shield) replace(name string, ifindex int, mode Mode) (AttachResult, err
 // Kubernetes, Docker or Proxmox) orphans the skb, which drops the request
 // socket an acceptor at the port handed the kernel, and the kernel resets
 // the handshake. At the bridge's ingress the acceptor runs after that.
+//
+// The bridge may be more than one master up: a NIC enslaved to a bond
+// that is a port of the bridge (a hypervisor's usual uplink) has its
+// frames go NIC, bond, bridge, through the same netfilter.
 func acceptorIfindex(ifindex int) (int, string) {
-	l, err := netlink.LinkByIndex(ifindex)
-	if err != nil || l.Attrs().MasterIndex == 0 {
-		return ifindex, ""
+	return acceptorIfindexWith(ifindex, netlink.LinkByIndex)
+}
+
+// maxMasters bounds the walk up a chain of masters (a bond's slave, the
+// bond, its bridge): the kernel nests no deeper in practice.
+const maxMasters = 4
+
+func acceptorIfindexWith(ifindex int, byIndex func(int) (netlink.Link, error)) (int, string) {
+	idx := ifindex
+	for range maxMasters {
+		l, err := byIndex(idx)
+		if err != nil || l.Attrs().MasterIndex == 0 {
+			return ifindex, ""
+		}
+		m, err := byIndex(l.Attrs().MasterIndex)
+		if err != nil {
+			return ifindex, ""
+		}
+		if m.Type() == "bridge" {
+			return m.Attrs().Index, m.Attrs().Name
+		}
+		idx = m.Attrs().Index
 	}
-	m, err := netlink.LinkByIndex(l.Attrs().MasterIndex)
-	if err != nil || m.Type() != "bridge" {
-		return ifindex, ""
-	}
-	return m.Attrs().Index, m.Attrs().Name
+	return ifindex, ""
 }
 
 func bridgeNote(iface, bridge string) string {
@@ -682,6 +693,60 @@ type Attachment struct {
 	ProgramID uint32 `json:"program_id"`
 	LinkID    uint32 `json:"link_id"`
 	Present   bool   `json:"present"` // false when the interface has gone away
+	// AcceptorIfindex is the interface at whose tcx ingress the SYN
+	// acceptor runs (the interface, or its bridge), 0 when its link is
+	// gone (the bridge was deleted) or cannot be read.
+	AcceptorIfindex int `json:"acceptor_ifindex"`
+	// AcceptorMisplaced: the acceptor is not where acceptorIfindex puts
+	// it now (the interface joined, left or changed bridges, or the
+	// bridge was made anew): cookie handshakes fail until `moat attach`.
+	AcceptorMisplaced bool `json:"acceptor_misplaced"`
+}
+
+// acceptorPlacement reads where the SYN acceptor pinned in dir runs (0 if
+// its link is gone, with the bridge it was on) and whether that is
+// elsewhere than acceptorIfindex puts it for a filter on ifindex, which
+// is present.
+func acceptorPlacement(dir string, ifindex int, present bool) (at int, misplaced bool) {
+	if l, err := link.LoadPinnedLink(filepath.Join(dir, "tc-link"), nil); err == nil {
+		if info, err := l.Info(); err == nil && info.TCX() != nil {
+			at = int(info.TCX().Ifindex)
+		}
+		l.Close()
+	}
+	if !present {
+		return at, false
+	}
+	want, _ := acceptorIfindex(ifindex)
+	return at, at != want
+}
+
+// MisplacedAcceptors names the interfaces under root whose SYN acceptor is
+// not where their filter needs it any more (the bridge it ran on was
+// deleted, or the interface joined, left or changed bridges), so that
+// moat's cookie handshakes there fail until it is attached again. It reads
+// the pins without the state's lock, for the daemon's periodic check.
+func MisplacedAcceptors(root string) ([]string, error) {
+	pins, err := PinnedInterfaces(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range pins {
+		l, err := link.LoadPinnedLink(filepath.Join(p.Dir, "link"), nil)
+		if err != nil {
+			continue
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil || info.XDP() == nil || info.XDP().Ifindex == 0 {
+			continue // the interface is gone: nothing to put back
+		}
+		if _, misplaced := acceptorPlacement(p.Dir, int(info.XDP().Ifindex), true); misplaced {
+			out = append(out, p.Name)
+		}
+	}
+	return out, nil
 }
 
 // AcceptorsBehind says, for each interface moat is attached to whose
@@ -740,6 +805,7 @@ func (s *Shield) Attachments() ([]Attachment, error) {
 				a.Mode, a.Present = m, true
 			}
 		}
+		a.AcceptorIfindex, a.AcceptorMisplaced = acceptorPlacement(s.ifaceDir(name), a.Ifindex, a.Present)
 		out = append(out, a)
 	}
 	return out, nil

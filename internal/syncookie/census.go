@@ -43,8 +43,9 @@ func censusValidity(every time.Duration) time.Duration {
 
 // Census takes census passes into the syn_census map.
 type Census struct {
-	it *link.Iter
-	mc *mappedCensus
+	it   *link.Iter
+	mc   *mappedCensus
+	done uint32 // generation of the last pass Take completed, 0 for none
 }
 
 // CensusPass is what one pass found.
@@ -93,13 +94,19 @@ func mapCensus(m *ebpf.Map) (*mappedCensus, error) {
 // by g % 4, the bits of generation g.
 const censusGenBits = 0x1111111111111111
 
-// clearBelow clears, in every slot, the bits of the generations modulo 4
-// other than gen's and the one before (the census floor once the pass of
-// gen is done): they hold only marks older than the floor. Atomic ANDs,
-// and only of words that hold such a bit, so that the data path's marks
-// (atomic ORs) are never lost and untouched lines stay clean.
-func (h *mappedCensus) clearBelow(gen uint32) {
-	stale := uint64(censusGenBits)<<((gen-2)%4) | uint64(censusGenBits)<<((gen-3)%4)
+// clearBelow clears, in every slot, the bits of generation gen-2 modulo 4
+// and, unless the pass of gen-1 cleared them already (prevDone), of gen-3:
+// once the pass of gen is done they hold only marks older than the floor
+// (gen-1). gen-3 is gen+1 modulo 4, the next pass's: after a complete
+// pass of gen-1 it holds nothing, and leaving it alone keeps the marks of
+// a pass some other process began meanwhile. Atomic ANDs, and only of
+// words that hold such a bit, so that the data path's marks (atomic ORs)
+// are never lost and untouched lines stay clean.
+func (h *mappedCensus) clearBelow(gen uint32, prevDone bool) {
+	stale := uint64(censusGenBits) << ((gen - 2) % 4)
+	if !prevDone {
+		stale |= uint64(censusGenBits) << ((gen - 3) % 4)
+	}
 	for i := range h.marks {
 		if atomic.LoadUint64(&h.marks[i])&stale != 0 {
 			atomic.AndUint64(&h.marks[i], ^stale)
@@ -185,14 +192,29 @@ func (c *Census) Take(every time.Duration) (CensusPass, error) {
 			return CensusPass{}, fmt.Errorf("socket census: %w", err)
 		}
 	}
+	if censusIterated != nil {
+		censusIterated()
+	}
+	// Another process took passes into this census meanwhile (one the
+	// census lock, a file of /run, does not reach: another mount
+	// namespace's): the generations are its now, and what this pass
+	// would clear as older than its floor may be its marks.
+	if cur := atomic.LoadUint32(c.mc.gen); cur != gen {
+		return CensusPass{}, fmt.Errorf("socket census: the generation went from %d to %d during the pass: another process takes passes into this census", gen, cur)
+	}
 	atomic.StoreUint64(c.mc.validUntil, bootNow()+uint64(censusValidity(every)))
 	atomic.StoreUint32(c.mc.floor, gen-1)
 	// After the floor: until then a bit of an older generation still
 	// counts, and clearing it first could hide a socket.
-	c.mc.clearBelow(gen)
+	c.mc.clearBelow(gen, c.done == gen-1 && gen > 1)
+	c.done = gen
 	atomic.AddUint64(c.mc.passes, 1)
 	return CensusPass{Generation: gen, Sockets: atomic.LoadUint64(c.mc.sockets)}, nil
 }
+
+// censusIterated, when tests set it, runs in Take once the sockets are
+// walked, before the pass is trusted.
+var censusIterated func()
 
 // run takes a pass every `every` until ctx ends, with in and report as
 // Start describes.

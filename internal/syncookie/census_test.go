@@ -90,11 +90,23 @@ func TestCensusClearsOlderGenerations(t *testing.T) {
 		for i := range mc.marks {
 			mc.marks[i] = ^uint64(0)
 		}
-		mc.clearBelow(gen)
+		mc.clearBelow(gen, false)
 		want := uint64(censusGenBits)<<(gen%4) | uint64(censusGenBits)<<((gen-1)%4)
 		for i, w := range mc.marks {
 			if w != want {
 				t.Fatalf("generation %d: word %d is %016x after clearing, want %016x", gen, i, w, want)
+			}
+		}
+		// After a complete pass of gen-1, which cleared gen-3: gen+1's
+		// bits (the next pass's, perhaps another process's) stay.
+		for i := range mc.marks {
+			mc.marks[i] = ^uint64(0)
+		}
+		mc.clearBelow(gen, true)
+		want |= uint64(censusGenBits) << ((gen + 1) % 4)
+		for i, w := range mc.marks {
+			if w != want {
+				t.Fatalf("generation %d after gen-1's pass: word %d is %016x after clearing, want %016x", gen, i, w, want)
 			}
 		}
 	}
@@ -119,10 +131,10 @@ func TestCensusClearsOlderGenerations(t *testing.T) {
 		for i := range mc.marks {
 			atomic.OrUint64(&mc.marks[i], stale)
 		}
-		mc.clearBelow(gen)
+		mc.clearBelow(gen, false)
 	}
 	set := <-done
-	mc.clearBelow(gen)
+	mc.clearBelow(gen, false)
 	for _, s := range set {
 		i, slot := s>>32, s&0xffffffff
 		if w := atomic.LoadUint64(&mc.marks[i]); w>>(slot*4+gen%4)&1 == 0 {
@@ -420,12 +432,13 @@ func TestCensusMarksSockets(t *testing.T) {
 	if st.Trusted || st.Passes != 1 {
 		t.Errorf("after one pass: %+v, want one pass and no trust yet", st)
 	}
-	// Before the next pass: a stale mark (two generations back, which
-	// the pass of the generation after clears) and a mark the data path
-	// made during this one (kept, as the floor will be its generation).
+	// Before the next pass: a stale mark (of the generation before this
+	// pass's, which the pass of the generation after clears) and a mark
+	// the data path made during this one (kept, as the floor will be its
+	// generation).
 	first := pass.Generation
 	stale, fresh := CensusSlot(netip.MustParseAddrPort("198.19.9.9:1"), srv4), CensusSlot(netip.MustParseAddrPort("198.19.9.9:2"), srv4)
-	markCensusSlot(table, stale, first-2)
+	markCensusSlot(table, stale, first-1)
 	markCensusSlot(table, fresh, first)
 	if err := s.lab.Server.Do(func() (err error) { pass, err = c.Take(time.Second); return err }); err != nil {
 		t.Fatal(err)
@@ -434,7 +447,7 @@ func TestCensusMarksSockets(t *testing.T) {
 		t.Errorf("after two passes: %+v, want trusted", st)
 	}
 	if b := censusSlotBits(table, stale); b != 0 {
-		t.Errorf("a mark of generation %d is left after the pass of %d: %04b", first-2, pass.Generation, b)
+		t.Errorf("a mark of generation %d is left after the pass of %d: %04b", first-1, pass.Generation, b)
 	}
 	if b := censusSlotBits(table, fresh); b != 1<<(first%4) {
 		t.Errorf("the data path's mark of generation %d: slot holds %04b after the pass of %d", first, b, pass.Generation)

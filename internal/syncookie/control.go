@@ -1,12 +1,10 @@
 package syncookie
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math/bits"
 	"os"
@@ -802,62 +800,6 @@ func checkSysctlsIn(dir string) (notes []string, err error) {
 	return notes, errors.New(strings.Join(errs, "; "))
 }
 
-// natHooks are the kernel functions NAT runs at LOCAL_IN for IPv4 and
-// IPv6, in the order of the data path's syn_nat_hook.
-var natHooks = [2]string{"nf_nat_ipv4_local_in", "nf_nat_ipv6_local_in"}
-
-// NATHooks reads from kallsyms (/proc/kallsyms) the addresses of the
-// functions NAT runs at LOCAL_IN (0 for one the kernel lacks), and
-// whether kallsyms shows addresses at all: with kernel.kptr_restrict, or
-// to a reader without CAP_SYSLOG, every address reads 0.
-func NATHooks(kallsyms io.Reader) (addrs [2]uint64, visible bool, err error) {
-	sc := bufio.NewScanner(kallsyms)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 3 {
-			continue
-		}
-		a, err := strconv.ParseUint(f[0], 16, 64)
-		if err != nil {
-			continue
-		}
-		visible = visible || a != 0
-		for i, name := range natHooks {
-			if f[2] == name {
-				addrs[i] = a
-			}
-		}
-	}
-	return addrs, visible, sc.Err()
-}
-
-// SetNATHooks writes into spec, before it is loaded, where the kernel's
-// NAT hooks are, so that the data path knows a namespace in which NAT
-// runs at LOCAL_IN: there the kernel would drop the request socket of
-// every cookie handshake moat's acceptor hands it (see SYN_NET_NAT4 in
-// bpf/include/syncookie.h), and moat leaves SYNs to the kernel instead.
-// known is false where kallsyms hides the addresses (kernel.kptr_restrict)
-// or cannot be read: the data path then cannot tell.
-func SetNATHooks(spec *ebpf.CollectionSpec) (known bool, err error) {
-	v, ok := spec.Variables[datapath.MoatVarSynNatHook]
-	if !ok {
-		return false, fmt.Errorf("the BPF object has no %s", datapath.MoatVarSynNatHook)
-	}
-	f, err := os.Open("/proc/kallsyms")
-	if err != nil {
-		return false, nil
-	}
-	defer f.Close()
-	addrs, visible, err := NATHooks(f)
-	if err != nil {
-		return false, fmt.Errorf("read /proc/kallsyms: %w", err)
-	}
-	if err := v.Set(addrs); err != nil {
-		return false, fmt.Errorf("set %s: %w", datapath.MoatVarSynNatHook, err)
-	}
-	return visible, nil
-}
-
 // AttachTC attaches the cookie accepting program (moat_syn_accept) to the
 // tcx ingress hook of an interface. It must run on every interface whose
 // XDP program issues cookies. It goes first in the chain: a program ahead
@@ -881,18 +823,35 @@ func AttachTC(prog *ebpf.Program, ifindex int) (link.Link, error) {
 
 // TCXAhead counts the tcx ingress programs of interface ifindex (in the
 // calling thread's network namespace) that run before the program prog,
-// the SYN acceptor; ok is false if prog is not attached there.
+// the SYN acceptor; ok is false if prog is not attached there. Other
+// acceptors of moat (those of other ports of one bridge, all at the
+// bridge's ingress) are not counted: they never end the chain.
 func TCXAhead(ifindex int, prog ebpf.ProgramID) (n int, ok bool, err error) {
 	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXIngress})
 	if err != nil {
 		return 0, false, fmt.Errorf("query tcx ingress programs of ifindex %d: %w", ifindex, err)
 	}
-	for i, p := range res.Programs {
+	for _, p := range res.Programs {
 		if p.ID == prog {
-			return i, true, nil
+			return n, true, nil
+		}
+		if !isAcceptor(p.ID) {
+			n++
 		}
 	}
 	return 0, false, nil
+}
+
+// isAcceptor says whether program id is a SYN acceptor of moat, by its
+// name (moat_syn_accept, within the kernel's 15 characters).
+func isAcceptor(id ebpf.ProgramID) bool {
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return false
+	}
+	defer p.Close()
+	info, err := p.Info()
+	return err == nil && info.Type == ebpf.SchedCLS && info.Name == datapath.MoatProgMoatSynAccept
 }
 
 // Listening says whether a TCP socket listens on port in the network

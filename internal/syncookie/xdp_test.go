@@ -50,16 +50,8 @@ const (
 // loadObjects loads the filter with fresh maps for one test.
 func loadObjects(t testing.TB) *datapath.MoatObjects {
 	t.Helper()
-	spec, err := datapath.LoadMoat()
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	// As the shield loads it: the data path knows the kernel's NAT hooks.
-	if _, err := SetNATHooks(spec); err != nil {
-		t.Fatal(err)
-	}
 	var objs datapath.MoatObjects
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	if err := datapath.LoadMoatObjects(&objs, nil); err != nil {
 		t.Fatalf("load: %v", err)
 	}
 	t.Cleanup(func() { objs.Close() })
