@@ -156,7 +156,7 @@ func runDump(cmd *cobra.Command, g *globals, d *dumpFlags) error {
 		rateCap = limits.MaxRate
 	}
 
-	s, err := g.openExisting()
+	s, err := g.openExistingAsIs()
 	if err != nil {
 		return err
 	}

@@ -294,7 +294,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "moat is not set up (nothing pinned under %s)\n", g.root)
 				return nil
 			}
-			s, err := g.openExisting()
+			s, err := g.openExistingAsIs()
 			if err != nil {
 				return err
 			}

@@ -18,13 +18,9 @@ func init() {
 	extraCommands = append(extraCommands, newLimitCmd, newTopCmd)
 }
 
-// openLimits opens the pinned state and its rate-limit maps; close the
-// shield when done.
-func openLimits(g *globals, existing bool) (*shield.Shield, ratelimit.Maps, error) {
-	open := g.open
-	if existing {
-		open = g.openExisting
-	}
+// openLimits opens the pinned state with open (g.open, g.openExisting or
+// g.openExistingAsIs) and its rate-limit maps; close the shield when done.
+func openLimits(open func() (*shield.Shield, error)) (*shield.Shield, ratelimit.Maps, error) {
 	s, err := open()
 	if err != nil {
 		return nil, ratelimit.Maps{}, err
@@ -147,7 +143,7 @@ func newLimitAddCmd(g *globals) *cobra.Command {
 			if err := l.Validate(); err != nil {
 				return &usageError{err}
 			}
-			s, m, err := openLimits(g, false)
+			s, m, err := openLimits(g.open)
 			if err != nil {
 				return err
 			}
@@ -185,7 +181,7 @@ func newLimitRemoveCmd(g *globals) *cobra.Command {
 			if err := g.refuseIfManaged(); err != nil {
 				return err
 			}
-			s, m, err := openLimits(g, true)
+			s, m, err := openLimits(g.openExisting)
 			if err != nil {
 				return err
 			}
@@ -215,7 +211,7 @@ func newLimitListCmd(g *globals) *cobra.Command {
 			"DROPPED counts only packets that were dropped.",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, m, err := openLimits(g, true)
+			s, m, err := openLimits(g.openExistingAsIs)
 			if err != nil {
 				return err
 			}
@@ -293,7 +289,7 @@ func newLimitConfigCmd(g *globals) *cobra.Command {
 			"count-min sketch counts that many in a second) or none (on its first packet).",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, m, err := openLimits(g, false)
+			s, m, err := openLimits(g.open)
 			if err != nil {
 				return err
 			}

@@ -52,7 +52,7 @@ func addCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "added %d to the %s\n", len(entries), l)
 				return nil
 			}
-			s, err := g.open()
+			s, err := g.openAsIs()
 			if err != nil {
 				return err
 			}
@@ -122,7 +122,7 @@ func removeCmd(g *globals, use, short string, l shield.List) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "removed %d from the %s\n", len(prefixes), l)
 				return nil
 			}
-			s, err := g.open()
+			s, err := g.openAsIs()
 			if err != nil {
 				return err
 			}
@@ -199,7 +199,7 @@ func newPortCmd(g *globals) *cobra.Command {
 				}
 				return nil
 			}
-			s, err := g.open()
+			s, err := g.openAsIs()
 			if err != nil {
 				return err
 			}
@@ -319,7 +319,7 @@ func newPolicyCmd(g *globals) *cobra.Command {
 			}
 			open := g.open
 			if len(a) == 0 { // only shows the policy
-				open = g.openExisting
+				open = g.openExistingAsIs
 			}
 			s, err := open()
 			if err != nil {
@@ -376,7 +376,7 @@ func newExpireCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "removed %d expired entries\n", res.Removed)
 				return nil
 			}
-			s, err := g.openExisting()
+			s, err := g.openExistingAsIs()
 			if err != nil {
 				return err
 			}

@@ -147,17 +147,30 @@ func (g *globals) refuseIfManaged() error {
 }
 
 // openState opens the pinned state, creating it if need be.
-func (g *globals) openState() (*shield.Shield, error) {
+func (g *globals) openState() (*shield.Shield, error) { return g.openWith(shield.Open) }
+
+// openWith is openState with the given opener.
+func (g *globals) openWith(open func(string) (*shield.Shield, error)) (*shield.Shield, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("moat needs root (CAP_BPF and CAP_NET_ADMIN)")
 	}
 	if _, err := os.Stat(g.root); errors.Is(err, fs.ErrNotExist) {
 		g.created = true
 	}
-	s, err := shield.Open(g.root)
+	s, err := open(g.root)
 	if err == nil {
 		for _, r := range s.Renamed {
 			fmt.Fprintf(os.Stderr, "moat: note: %s\n", r)
+		}
+		if s.StrandedCensusTaker {
+			errOut := g.errOut
+			if errOut == nil {
+				errOut = os.Stderr
+			}
+			fmt.Fprintf(errOut, "moat: warning: this version replaced the SYN maps of %s, which an older moat's daemon or "+
+				"`moat syn rotate --every` still running uses (it takes the socket census): it can no longer open the state "+
+				"and stops at its next key rotation, and moat issues no cookies once the keys are 2.5 rotation periods old; "+
+				"restart it with this version now\n", g.root)
 		}
 	}
 	return s, err
@@ -171,6 +184,29 @@ func (g *globals) openExisting() (*shield.Shield, error) {
 		return nil, usagef("moat is not set up: nothing is pinned under %s", g.root)
 	}
 	return g.openState()
+}
+
+// openExistingAsIs is openExisting for commands that only read, and for
+// expire: maps an older moat pinned stay as they are (shield.OpenAsIs),
+// so that a look at the state before an upgrade takes nothing from under
+// the older moat's filter, daemon or rotator.
+func (g *globals) openExistingAsIs() (*shield.Shield, error) {
+	if _, err := os.Stat(g.root); errors.Is(err, fs.ErrNotExist) {
+		return nil, usagef("moat is not set up: nothing is pinned under %s", g.root)
+	}
+	return g.openWith(shield.OpenAsIs)
+}
+
+// openAsIs is open for commands that change only the allow and deny
+// lists and the port rules, whose maps keep their layout across
+// versions: maps an older moat pinned stay as they are (shield.OpenAsIs).
+// A block in the middle of a flood, with this version's binary installed
+// while the older moat's rotator still runs, must not stop that rotator.
+func (g *globals) openAsIs() (*shield.Shield, error) {
+	if err := g.refuseIfManaged(); err != nil {
+		return nil, err
+	}
+	return g.openWith(shield.OpenAsIs)
 }
 
 // discard removes the empty state that a refused command created, so that

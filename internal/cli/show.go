@@ -25,7 +25,7 @@ func newListCmd(g *globals) *cobra.Command {
 		Short: "List every rule with its hit counter and time left",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.openExisting()
+			s, err := g.openExistingAsIs()
 			if err != nil {
 				return err
 			}
@@ -106,7 +106,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 			if watch < 0 || (cmd.Flags().Changed("watch") && watch < 10*time.Millisecond) {
 				return usagef("invalid --watch %s: want an interval of at least 10ms", watch)
 			}
-			s, err := g.openExisting()
+			s, err := g.openExistingAsIs()
 			if err != nil {
 				return err
 			}
@@ -144,7 +144,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 			last := time.Now()
 			for {
 				time.Sleep(watch)
-				s, err := g.openExisting()
+				s, err := g.openExistingAsIs()
 				if err != nil {
 					return err
 				}
@@ -387,7 +387,7 @@ func newExportCmd(g *globals) *cobra.Command {
 			if cmd.Flags().Changed("list") && format != "plain" {
 				return usagef("--list picks the list of --format plain; JSON holds every list")
 			}
-			s, err := g.openExisting()
+			s, err := g.openExistingAsIs()
 			if err != nil {
 				return err
 			}

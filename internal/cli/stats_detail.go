@@ -22,7 +22,7 @@ const detailPorts = 20
 // printDetail prints the attack shape of the traffic that reached the rate
 // limits (past the allow and deny lists).
 func printDetail(g *globals, w io.Writer, asJSON bool) error {
-	s, m, err := openLimits(g, true)
+	s, m, err := openLimits(g.openExistingAsIs)
 	if err != nil {
 		return err
 	}

@@ -254,7 +254,7 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 		Short: "Show protected ports, their flood state and counters",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.openExisting()
+			s, err := g.openExistingAsIs()
 			if err != nil {
 				return err
 			}
@@ -284,6 +284,11 @@ func newSynStatusCmd(g *globals) *cobra.Command {
 			cookies := slices.ContainsFunc(ports, func(p syncookie.PortStatus) bool { return p.Mode != syncookie.ModeNever.String() })
 			if _, err := syncookie.CheckSysctls(); err != nil && cookies {
 				warnings = append(warnings, err.Error())
+			}
+			if len(s.Older) > 0 {
+				warnings = append(warnings, fmt.Sprintf("the maps %s are an older moat's, read as they are: `moat attach` (or this version's daemon) "+
+					"replaces them; then restart the daemon or `moat syn rotate --every` with this version, since the older one cannot open them",
+					strings.Join(s.Older, ", ")))
 			}
 			if s.SynOlderFilter != "" {
 				warnings = append(warnings, fmt.Sprintf("%s runs an older moat filter, which counts in a map of its own (and may protect only the ports it was given); "+

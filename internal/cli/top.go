@@ -169,7 +169,7 @@ func writeJSONLine(w io.Writer, v any) error {
 // between intervals. The first read also looks for a filter that samples
 // into a table this version replaced.
 func readTop(g *globals, first bool) (topSample, error) {
-	s, m, err := openLimits(g, true)
+	s, m, err := openLimits(g.openExistingAsIs)
 	if err != nil {
 		return topSample{}, err
 	}

@@ -424,6 +424,10 @@ func (d *Daemon) withShield(fn func(*shield.Shield) error) error {
 	for _, r := range s.Renamed {
 		d.log.Warn(r)
 	}
+	if s.StrandedCensusTaker {
+		d.log.Warn("replaced the SYN maps of an older moat whose `moat syn rotate --every` still runs (it takes the socket census): "+
+			"it can no longer open the state and stops at its next key rotation; stop it, this daemon rotates the keys", "root", d.root)
+	}
 	return fn(s)
 }
 

@@ -83,6 +83,17 @@ func (s *Shield) StartCensus(report func(syncookie.CensusPass, error)) (stop fun
 	}, nil
 }
 
+// censusTaken says whether another process holds the census lock of the
+// root (StartCensus): a daemon or `moat syn rotate --every` runs on it.
+func (s *Shield) censusTaken() bool {
+	f, err := os.OpenFile(s.lockPath(".census"), os.O_RDWR, 0)
+	if err != nil {
+		return false // never taken since boot
+	}
+	defer f.Close() // and with it the lock, if this took it
+	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
+}
+
 // CensusRetryEvery is how often a process that keeps the socket census
 // (the daemon, `moat syn rotate --every`) tries again to take it when it
 // could not: another process took it, or the kernel refused the iterator.

@@ -3,6 +3,7 @@ package shield
 import (
 	"fmt"
 	"sort"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 
@@ -177,8 +178,20 @@ func (s *Shield) writePorts(spec rules.PortSpec, v datapath.MoatPortRule) error 
 // verdicts are only monitored.
 func (s *Shield) Settings() (rules.Settings, error) {
 	var v datapath.MoatRuntimeSettings
-	if err := s.maps[datapath.MoatMapSettings].Lookup(uint32(0), &v); err != nil {
-		return rules.Settings{}, err
+	m := s.maps[datapath.MoatMapSettings]
+	if m.ValueSize() == uint32(unsafe.Sizeof(v)) {
+		if err := m.Lookup(uint32(0), &v); err != nil {
+			return rules.Settings{}, err
+		}
+	} else {
+		// Pinned by an older moat, with fewer policies (OpenAsIs): the
+		// fields it had lead the struct, one it lacked is at its default,
+		// as carrySettings would make it.
+		var b []byte
+		if err := m.Lookup(uint32(0), &b); err != nil {
+			return rules.Settings{}, err
+		}
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&v)), unsafe.Sizeof(v)), b)
 	}
 	out := rules.Settings{Fragments: "pass", Malformed: "drop"}
 	if v.Fragments == uint32(datapath.MoatFragmentPolicyFRAGMENTS_DROP) {

@@ -89,6 +89,19 @@ type Shield struct {
 	// attached to them, whose pins it moved under the new names.
 	Renamed []string
 	renamed map[string]string // old name to new, of every move (RenamedTo)
+	// Older names the shared maps that an older moat pinned with values
+	// of another size and that OpenAsIs left as they are (Open
+	// replaces them).
+	Older []string
+	// StrandedCensusTaker: Open replaced the socket census of an older
+	// moat while another process takes it, which can only be that moat's
+	// daemon or `moat syn rotate --every`: it can no longer open the
+	// state, and it stops at its next key rotation, so that the keys go
+	// stale (no cookies) unless it is restarted with this version.
+	StrandedCensusTaker bool
+
+	keepOlder      bool // OpenAsIs: leave maps of an older layout as they are
+	censusReplaced bool // openMaps replaced an older moat's census
 }
 
 // Open opens the pinned state under root, creating the shared maps if they
@@ -96,10 +109,29 @@ type Shield struct {
 // until Close, so concurrent commands never interleave their changes.
 func Open(root string) (*Shield, error) { return open(root, nil) }
 
+// OpenAsIs is Open for commands that load no filter and change none of
+// the maps whose layout changes between versions (status, syn status,
+// list, stats, block, allow, port, expire...): a shared map that an
+// older moat pinned with values of another size is left as it is and
+// read as such (Older names it), not replaced. A replacement takes the
+// map from under the older moat's filter, which goes on counting in a
+// map no one reads until `moat attach` replaces it, and from under its
+// daemon or rotator, which cannot open the state any more (no key
+// rotation, so no cookies 2.5 periods later; no expiry; no change through
+// its API): that is the upgrade's step (Attach, the daemon's start), not
+// a reader's.
+func OpenAsIs(root string) (*Shield, error) { return openWith(root, nil, true) }
+
 // open is Open with the shared maps given other sizes (by name) than the
 // BPF object's, for tests that fill a map: a root must always be opened
 // with the sizes it was created with.
 func open(root string, sizes map[string]uint32) (*Shield, error) {
+	return openWith(root, sizes, false)
+}
+
+// openWith is open; keepOlder leaves maps of an older layout as they are
+// (OpenAsIs).
+func openWith(root string, sizes map[string]uint32, keepOlder bool) (*Shield, error) {
 	if err := ensureBPFFS(root); err != nil {
 		return nil, err
 	}
@@ -110,13 +142,16 @@ func open(root string, sizes map[string]uint32) (*Shield, error) {
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = n
 	}
-	s := &Shield{root: root, spec: spec, maps: map[string]*ebpf.Map{}}
+	s := &Shield{root: root, spec: spec, maps: map[string]*ebpf.Map{}, keepOlder: keepOlder}
 	if err := s.lockRoot(); err != nil {
 		return nil, err
 	}
 	if err := s.openMaps(); err != nil {
 		s.Close()
 		return nil, err
+	}
+	if s.censusReplaced {
+		s.StrandedCensusTaker = s.censusTaken()
 	}
 	// Like the summary's, a failure here must not stop commands such as
 	// detach; syn status reports it.
@@ -239,8 +274,16 @@ func (s *Shield) openMaps() error {
 					return fmt.Errorf("pinned map %s does not match this version of moat: %w", name, err)
 				}
 				// Pinned by a moat whose values had another size.
+				if s.keepOlder {
+					s.Older = append(s.Older, name)
+					s.maps[name] = m
+					continue
+				}
 				if m, err = s.replaceMap(name, path, m, migrate); err != nil {
 					return fmt.Errorf("replace pinned map %s of an older moat: %w", name, err)
+				}
+				if name == datapath.MoatMapSynCensus {
+					s.censusReplaced = true
 				}
 			}
 			s.maps[name] = m

@@ -123,9 +123,23 @@ func readCensus(m *ebpf.Map) (*datapath.MoatSynCensusTable, error) {
 		return nil, errors.New("no census map")
 	}
 	var t datapath.MoatSynCensusTable
-	if err := m.Lookup(uint32(0), &t); err != nil {
+	if m.ValueSize() == uint32(unsafe.Sizeof(t)) {
+		if err := m.Lookup(uint32(0), &t); err != nil {
+			return nil, fmt.Errorf("read the census: %w", err)
+		}
+		return &t, nil
+	}
+	// An older moat's census (shield.OpenAsIs leaves it in place): the
+	// same header, marks of another size, which readers do not use.
+	n := int(unsafe.Offsetof(t.Marks))
+	if int(m.ValueSize()) < n {
+		return nil, fmt.Errorf("read the census: values of %d bytes hold no header of %d", m.ValueSize(), n)
+	}
+	var b []byte
+	if err := m.Lookup(uint32(0), &b); err != nil {
 		return nil, fmt.Errorf("read the census: %w", err)
 	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&t)), n), b)
 	return &t, nil
 }
 

@@ -693,7 +693,7 @@ func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
 			out = append(out, s)
 			continue
 		}
-		if err := counters.Lookup(uint32(p.Slot), &per); err != nil {
+		if err := lookupSynCounters(counters, uint32(p.Slot), &per); err != nil {
 			return nil, fmt.Errorf("read syn counters of tcp/%d: %w", pe.Port, err)
 		}
 		for _, c := range per {
@@ -714,6 +714,30 @@ func Status(ports, counters *ebpf.Map) ([]PortStatus, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// lookupSynCounters reads a slot's per-CPU counters, also from the map
+// of an older moat (shield.OpenAsIs leaves it in place), whose values
+// were shorter: counters are only added at the end of struct
+// syn_port_stats, so the older ones lead and those it lacked read zero.
+func lookupSynCounters(counters *ebpf.Map, slot uint32, per *[]datapath.MoatSynPortStats) error {
+	size := int(unsafe.Sizeof(datapath.MoatSynPortStats{}))
+	if int(counters.ValueSize()) == size {
+		return counters.Lookup(slot, per)
+	}
+	if int(counters.ValueSize()) > size {
+		return fmt.Errorf("values of %d bytes, this version's are %d (a newer moat's?)", counters.ValueSize(), size)
+	}
+	var raw [][]byte
+	if err := counters.Lookup(slot, &raw); err != nil {
+		return err
+	}
+	out := make([]datapath.MoatSynPortStats, len(raw))
+	for i, v := range raw {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&out[i])), size), v)
+	}
+	*per = out
+	return nil
 }
 
 // bootEpoch is the wall-clock time at which CLOCK_BOOTTIME (what
