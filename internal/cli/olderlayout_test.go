@@ -45,14 +45,8 @@ func TestCommandsLeaveAnOlderLayout(t *testing.T) {
 	maxEntries := cur.MaxEntries()
 	s.Close()
 
-	// The census an older moat pinned: the same header, a 32-bit
-	// generation per slot; current, as its daemon keeps it.
-	const olderCensusSize = 32 + 4<<17
-	census, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: olderCensusSize, MaxEntries: 1, Flags: unix.BPF_F_MMAPABLE})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer census.Close()
+	// The census an older moat pinned, current, as its daemon keeps it.
+	census := olderCensus(t)
 	v := make([]byte, olderCensusSize)
 	binary.NativeEndian.PutUint32(v[0:], 41)            // generation
 	binary.NativeEndian.PutUint32(v[4:], 40)            // floor
@@ -155,12 +149,7 @@ func TestUpgradeNamesTheStrandedRotator(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	const olderCensusSize = 32 + 4<<17
-	census, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: olderCensusSize, MaxEntries: 1, Flags: unix.BPF_F_MMAPABLE})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer census.Close()
+	census := olderCensus(t)
 	pin := filepath.Join(root, "maps", datapath.MoatMapSynCensus)
 	if err := os.Remove(pin); err != nil {
 		t.Fatal(err)
@@ -190,4 +179,19 @@ func TestUpgradeNamesTheStrandedRotator(t *testing.T) {
 	if r := mustRun(t, root, "syn", "protect", "tcp/8443", "--mode", "never"); strings.Contains(r.stderr, "restart it") {
 		t.Errorf("the warning comes again with nothing replaced:\n%s", r.stderr)
 	}
+}
+
+// olderCensusSize is the census value of a moat before 4-bit slots: the
+// same header, then a 32-bit generation per slot.
+const olderCensusSize = 32 + 4<<17
+
+// olderCensus makes a census map of that layout, closed when the test ends.
+func olderCensus(t *testing.T) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: olderCensusSize, MaxEntries: 1, Flags: unix.BPF_F_MMAPABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
