@@ -184,8 +184,8 @@ enum syn_net_setting {
 #define SYN_NF_PRI_NAT_SRC 100
 /* Hooks of a list looked at, in priority order: conntrack's, the tables
  * of iptables and nftables (the input chains of a host of firewalld,
- * Docker and Kubernetes come to a handful), NAT's. A list with more is
- * taken for one where NAT runs. */
+ * Docker and Kubernetes come to a handful), NAT's. A list with more ahead
+ * of NAT's priority is taken for one where NAT runs. */
 #define SYN_NAT_MAX_HOOKS 16
 
 /* Whether NAT's LOCAL_IN hook is in hook list e (a kernel pointer, read
@@ -206,8 +206,6 @@ static __always_inline int syn_nf_nat_hooked(__u64 e, __u8 pf)
 	if (bpf_probe_read_kernel(&n, sizeof(n), (void *)(e + bpf_core_field_offset(struct nf_hook_entries___moat,
 										       num_hook_entries))))
 		return 1;
-	if (n > SYN_NAT_MAX_HOOKS)
-		return 1;
 	trailer = e + bpf_core_field_offset(struct nf_hook_entries___moat, hooks) +
 		  (__u64)n * bpf_core_type_size(struct nf_hook_entry___moat);
 	for (i = 0; i < SYN_NAT_MAX_HOOKS; i++) {
@@ -215,19 +213,19 @@ static __always_inline int syn_nf_nat_hooked(__u64 e, __u8 pf)
 		int prio;
 
 		if (i >= n)
-			break;
+			return 0;
 		if (bpf_probe_read_kernel(&ops, sizeof(ops), (void *)(trailer + i * sizeof(ops))) || !ops)
 			return 1;
 		prio = BPF_CORE_READ(ops, priority);
 		if (prio > SYN_NF_PRI_NAT_SRC)
-			break; /* in priority order: none after */
+			return 0; /* in priority order: none after */
 		if (prio == SYN_NF_PRI_NAT_SRC && BPF_CORE_READ(ops, hooknum) == SYN_NF_INET_LOCAL_IN &&
 		    BPF_CORE_READ(ops, pf) == pf &&
 		    (!bpf_core_field_exists(ops->hook_ops_type) ||
 		     BPF_CORE_READ_BITFIELD_PROBED(ops, hook_ops_type) == NF_HOOK_OP_UNDEFINED___moat))
 			return 1;
 	}
-	return 0;
+	return 1; /* more hooks ahead of NAT's priority than looked at */
 }
 
 /* The SYN_NET_NAT bit of an address family (4 or 6). */
@@ -258,12 +256,26 @@ __attribute__((noinline)) int syn_net_nat(__u64 net)
 	return s;
 }
 
+/* SYN_NET_NAT4 and SYN_NET_NAT6 of the namespace tsk (a listener) lives
+ * in. */
+static __always_inline __u32 syn_listener_nat(const struct tcp_sock *tsk)
+{
+	const struct sock_common___moat *skc = (const void *)tsk;
+	__u64 netp = 0;
+
+	if (!skc || !bpf_core_field_exists(skc->skc_net.net))
+		return 0;
+	/* The pointer read as a number: syn_net_nat takes one. */
+	if (bpf_probe_read_kernel(&netp, sizeof(netp), &skc->skc_net.net))
+		return SYN_NET_NAT4 | SYN_NET_NAT6;
+	return syn_net_nat(netp);
+}
+
 /* syn_net_setting bits of the namespace tsk (a listener) lives in. */
 static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 {
 	const struct sock_common___moat *skc = (const void *)tsk;
 	const struct net___moat *net;
-	__u64 netp = 0;
 	__u32 s = 0;
 
 	if (!skc)
@@ -285,10 +297,7 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 		s |= SYN_NET_WSCALE;
 	if (net->ipv4.sysctl_tcp_ecn)
 		s |= SYN_NET_ECN;
-	/* The pointer again, read as a number: syn_net_nat takes one. */
-	if (bpf_probe_read_kernel(&netp, sizeof(netp), &skc->skc_net.net))
-		return s | SYN_NET_NAT4 | SYN_NET_NAT6;
-	return s | syn_net_nat(netp);
+	return s | syn_listener_nat(tsk);
 }
 
 /* The MSS a listener sets for itself (TCP_MAXSEG), 0 for none. */

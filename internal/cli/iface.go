@@ -357,7 +357,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 				if a.AcceptorMisplaced {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s: moat's SYN acceptor is not where the filter needs it (a bridge made anew, or %s "+
 						"joined, left or changed bridges): the kernel resets cookie handshakes there until `moat attach %s` "+
-						"(the daemon does it itself)\n", a.Iface, a.Iface, a.Iface)
+						"(a daemon whose config names it does it itself)\n", a.Iface, a.Iface, a.Iface)
 				}
 			}
 			if name, err := s.SettingsOlderFilter(); err == nil && name != "" {

@@ -167,7 +167,7 @@ func (g *globals) openWith(open func(string) (*shield.Shield, error)) (*shield.S
 			if errOut == nil {
 				errOut = os.Stderr
 			}
-			fmt.Fprintf(errOut, "moat: warning: this version replaced the SYN maps of %s, which an older moat's daemon or "+
+			fmt.Fprintf(errOut, "moat: warning: this version replaced maps of %s (their layout changed), which an older moat's daemon or "+
 				"`moat syn rotate --every` still running uses (it takes the socket census): it can no longer open the state "+
 				"and stops at its next key rotation, and moat issues no cookies once the keys are 2.5 rotation periods old; "+
 				"restart it with this version now\n", g.root)

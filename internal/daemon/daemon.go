@@ -128,6 +128,10 @@ type Daemon struct {
 	// (expiry, key rotation, sampling), whichever way it came (SIGHUP or
 	// the API): the main loop resets its tickers.
 	periods chan struct{}
+
+	// heal is healAcceptors' memory of the interfaces it could not
+	// mend (main loop only, under mu).
+	heal map[string]healState
 }
 
 // Run runs the daemon until ctx is cancelled. SIGHUP reloads the config.
@@ -425,7 +429,7 @@ func (d *Daemon) withShield(fn func(*shield.Shield) error) error {
 		d.log.Warn(r)
 	}
 	if s.StrandedCensusTaker {
-		d.log.Warn("replaced the SYN maps of an older moat whose `moat syn rotate --every` still runs (it takes the socket census): "+
+		d.log.Warn("replaced maps of an older moat (their layout changed) whose `moat syn rotate --every` still runs (it takes the socket census): "+
 			"it can no longer open the state and stops at its next key rotation; stop it, this daemon rotates the keys", "root", d.root)
 	}
 	return fn(s)
@@ -664,7 +668,11 @@ func (d *Daemon) sample() {
 // whose SYN acceptor is not where their filter needs it any more (a bridge
 // deleted and made again, an interface moved between bridges), which
 // would have the kernel reset every cookie handshake there. The check
-// reads pins only; the state is locked only to mend.
+// reads pins only; the state is opened, and locked, only when an
+// interface of the config needs mending, and the need is checked again
+// under the lock (a reload may have mended it meanwhile). An interface
+// that cannot be mended is tried again later and later (healBackoff),
+// and its error logged when it changes, not every sample tick.
 func (d *Daemon) healAcceptors() {
 	names, err := shield.MisplacedAcceptors(d.root)
 	if err != nil || len(names) == 0 {
@@ -676,25 +684,75 @@ func (d *Daemon) healAcceptors() {
 	for _, i := range d.cfg.Interfaces {
 		modes[i.Name] = i.AttachMode()
 	}
+	now := time.Now()
+	var todo []string
+	for _, name := range names {
+		if _, ok := modes[name]; !ok {
+			continue // attached by hand, not the daemon's to move
+		}
+		if h, ok := d.heal[name]; ok && now.Before(h.next) {
+			continue
+		}
+		todo = append(todo, name)
+	}
+	if len(todo) == 0 {
+		return
+	}
 	err = d.withShield(func(s *shield.Shield) error {
-		for _, name := range names {
-			mode, ok := modes[name]
-			if !ok {
-				continue // attached by hand, not the daemon's to move
-			}
-			res, err := s.Attach(name, mode)
-			if _, err = shield.FollowUp(err); err != nil {
-				d.log.Error("put moat's SYN acceptor back", "iface", name, "err", err)
+		atts, err := s.Attachments()
+		if err != nil {
+			return err
+		}
+		for _, name := range todo {
+			i := slices.IndexFunc(atts, func(a shield.Attachment) bool { return a.Iface == name })
+			if i < 0 || !atts[i].AcceptorMisplaced {
+				delete(d.heal, name)
 				continue
 			}
+			res, err := s.Attach(name, modes[name])
+			if _, err = shield.FollowUp(err); err != nil {
+				d.healFailed(name, err, now)
+				continue
+			}
+			delete(d.heal, name)
 			d.log.Warn("moat's SYN acceptor was no longer where the filter needs it (a bridge made anew, "+
 				"or the interface moved between bridges); attached again", "iface", name, "note", res.Warning)
 		}
 		return nil
 	})
 	if err != nil {
-		d.log.Error("put moat's SYN acceptors back", "err", err)
+		for _, name := range todo {
+			d.healFailed(name, err, now)
+		}
 	}
+}
+
+// healBackoff bounds how long healAcceptors waits before it tries again
+// to mend an interface it could not: from a second, doubling.
+const healBackoff = time.Minute
+
+// healState is healAcceptors' memory of an interface it could not mend.
+type healState struct {
+	next time.Time     // no attempt before
+	wait time.Duration // the wait after the last failure
+	err  string        // the last failure, logged once
+}
+
+// healFailed notes that mending name failed with err at now: the next
+// attempt waits twice as long as the last, up to healBackoff, and the
+// error is logged only when it differs from the last one's.
+func (d *Daemon) healFailed(name string, err error, now time.Time) {
+	if d.heal == nil {
+		d.heal = map[string]healState{}
+	}
+	h := d.heal[name]
+	h.wait = min(max(2*h.wait, time.Second), healBackoff)
+	h.next = now.Add(h.wait)
+	if msg := err.Error(); msg != h.err {
+		h.err = msg
+		d.log.Error("put moat's SYN acceptor back; trying again later", "iface", name, "err", err)
+	}
+	d.heal[name] = h
 }
 
 // ReloadResult is what a reload did.

@@ -705,9 +705,13 @@ type Attachment struct {
 
 // acceptorPlacement reads where the SYN acceptor pinned in dir runs (0 if
 // its link is gone, with the bridge it was on) and whether that is
-// elsewhere than acceptorIfindex puts it for a filter on ifindex, which
-// is present.
-func acceptorPlacement(dir string, ifindex int, present bool) (at int, misplaced bool) {
+// elsewhere than acceptorIfindex puts it for a filter (program prog) on
+// ifindex, which is present. An index names an interface of this network
+// namespace only: where the interface at ifindex does not run prog, the
+// pins are another namespace's (attached from within it, as
+// followRenames knows), whose bridges this one cannot see, and nothing
+// is said to be misplaced.
+func acceptorPlacement(dir string, ifindex int, prog ebpf.ProgramID, present bool) (at int, misplaced bool) {
 	if l, err := link.LoadPinnedLink(filepath.Join(dir, "tc-link"), nil); err == nil {
 		if info, err := l.Info(); err == nil && info.TCX() != nil {
 			at = int(info.TCX().Ifindex)
@@ -715,6 +719,9 @@ func acceptorPlacement(dir string, ifindex int, present bool) (at int, misplaced
 		l.Close()
 	}
 	if !present {
+		return at, false
+	}
+	if nl, err := netlink.LinkByIndex(ifindex); err != nil || nl.Attrs().Xdp == nil || nl.Attrs().Xdp.ProgId != uint32(prog) {
 		return at, false
 	}
 	want, _ := acceptorIfindex(ifindex)
@@ -742,7 +749,7 @@ func MisplacedAcceptors(root string) ([]string, error) {
 		if err != nil || info.XDP() == nil || info.XDP().Ifindex == 0 {
 			continue // the interface is gone: nothing to put back
 		}
-		if _, misplaced := acceptorPlacement(p.Dir, int(info.XDP().Ifindex), true); misplaced {
+		if _, misplaced := acceptorPlacement(p.Dir, int(info.XDP().Ifindex), info.Program, true); misplaced {
 			out = append(out, p.Name)
 		}
 	}
@@ -767,7 +774,9 @@ func (s *Shield) AcceptorsBehind() (map[string]int, error) {
 		}
 		info, err := l.Info()
 		l.Close()
-		if err != nil || info.TCX() == nil {
+		// Ifindex 0: the link is defunct (its bridge was deleted), no
+		// chain to ask about; Attachments calls it misplaced.
+		if err != nil || info.TCX() == nil || info.TCX().Ifindex == 0 {
 			continue
 		}
 		n, ok, err := syncookie.TCXAhead(int(info.TCX().Ifindex), info.Program)
@@ -805,7 +814,7 @@ func (s *Shield) Attachments() ([]Attachment, error) {
 				a.Mode, a.Present = m, true
 			}
 		}
-		a.AcceptorIfindex, a.AcceptorMisplaced = acceptorPlacement(s.ifaceDir(name), a.Ifindex, a.Present)
+		a.AcceptorIfindex, a.AcceptorMisplaced = acceptorPlacement(s.ifaceDir(name), a.Ifindex, ebpf.ProgramID(a.ProgramID), a.Present)
 		out = append(out, a)
 	}
 	return out, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -85,13 +86,28 @@ func (s *Shield) StartCensus(report func(syncookie.CensusPass, error)) (stop fun
 
 // censusTaken says whether another process holds the census lock of the
 // root (StartCensus): a daemon or `moat syn rotate --every` runs on it.
+//
+// A moat older than RootLockID (05ea365) named the lock by the root's
+// inode alone; its rotator holds that one.
 func (s *Shield) censusTaken() bool {
-	f, err := os.OpenFile(s.lockPath(".census"), os.O_RDWR, 0)
-	if err != nil {
-		return false // never taken since boot
+	paths := []string{s.lockPath(".census")}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Dir(s.root), &st); err == nil {
+		paths = append(paths, fmt.Sprintf("/run/moat-%d-%s.census.lock", st.Ino, filepath.Base(s.root)))
 	}
-	defer f.Close() // and with it the lock, if this took it
-	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
+	for _, p := range paths {
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			continue // never taken since boot
+		}
+		// Closing f releases the lock, if this took it.
+		taken := errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
+		f.Close()
+		if taken {
+			return true
+		}
+	}
+	return false
 }
 
 // CensusRetryEvery is how often a process that keeps the socket census

@@ -1,6 +1,7 @@
 package shield
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sort"
 	"unsafe"
@@ -262,6 +263,9 @@ func (s *Shield) writeSettings(set rules.Settings) error {
 func (s *Shield) updateAllowInUse(change func(uint32) uint32) error {
 	m := s.maps[datapath.MoatMapSettings]
 	var v datapath.MoatRuntimeSettings
+	if m.ValueSize() != uint32(unsafe.Sizeof(v)) {
+		return updateOlderAllowInUse(m, change)
+	}
 	if err := m.Lookup(uint32(0), &v); err != nil {
 		return err
 	}
@@ -271,6 +275,29 @@ func (s *Shield) updateAllowInUse(change func(uint32) uint32) error {
 	}
 	v.AllowInUse = next
 	return m.Update(uint32(0), v, ebpf.UpdateAny)
+}
+
+// updateOlderAllowInUse is updateAllowInUse for settings an older moat
+// pinned with fewer fields (OpenAsIs leaves them in place): its filter
+// reads the in-use bits there, at the same offset, so they are written
+// there, in a value of the map's own size. A moat older than the bits
+// has no field for them, and its filter looks every allowlist up.
+func updateOlderAllowInUse(m *ebpf.Map, change func(uint32) uint32) error {
+	at := int(unsafe.Offsetof(datapath.MoatRuntimeSettings{}.AllowInUse))
+	if int(m.ValueSize()) < at+4 {
+		return nil
+	}
+	var b []byte
+	if err := m.Lookup(uint32(0), &b); err != nil {
+		return err
+	}
+	cur := binary.NativeEndian.Uint32(b[at:])
+	next := change(cur)
+	if next == cur {
+		return nil
+	}
+	binary.NativeEndian.PutUint32(b[at:], next)
+	return m.Update(uint32(0), b, ebpf.UpdateAny)
 }
 
 // SetPortRules makes the port rules equal to want and returns how many

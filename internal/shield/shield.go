@@ -93,15 +93,18 @@ type Shield struct {
 	// of another size and that OpenAsIs left as they are (Open
 	// replaces them).
 	Older []string
-	// StrandedCensusTaker: Open replaced the socket census of an older
-	// moat while another process takes it, which can only be that moat's
-	// daemon or `moat syn rotate --every`: it can no longer open the
-	// state, and it stops at its next key rotation, so that the keys go
-	// stale (no cookies) unless it is restarted with this version.
+	// StrandedCensusTaker: Open replaced shared maps of an older moat
+	// (the socket census, the SYN counters, the settings, the rate
+	// limits' counters or the heavy hitters: an older moat refuses or
+	// cannot open each of them at this version's size) while another
+	// process takes the census, which can only be that moat's daemon or
+	// `moat syn rotate --every`: it can no longer open the state, and it
+	// stops at its next key rotation, so that the keys go stale (no
+	// cookies) unless it is restarted with this version.
 	StrandedCensusTaker bool
 
-	keepOlder      bool // OpenAsIs: leave maps of an older layout as they are
-	censusReplaced bool // openMaps replaced an older moat's census
+	keepOlder     bool // OpenAsIs: leave maps of an older layout as they are
+	replacedOlder bool // openMaps replaced a map of an older moat
 }
 
 // Open opens the pinned state under root, creating the shared maps if they
@@ -150,7 +153,7 @@ func openWith(root string, sizes map[string]uint32, keepOlder bool) (*Shield, er
 		s.Close()
 		return nil, err
 	}
-	if s.censusReplaced {
+	if s.replacedOlder {
 		s.StrandedCensusTaker = s.censusTaken()
 	}
 	// Like the summary's, a failure here must not stop commands such as
@@ -282,9 +285,7 @@ func (s *Shield) openMaps() error {
 				if m, err = s.replaceMap(name, path, m, migrate); err != nil {
 					return fmt.Errorf("replace pinned map %s of an older moat: %w", name, err)
 				}
-				if name == datapath.MoatMapSynCensus {
-					s.censusReplaced = true
-				}
+				s.replacedOlder = true
 			}
 			s.maps[name] = m
 		}

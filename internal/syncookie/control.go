@@ -656,7 +656,8 @@ type PortStatus struct {
 	ResetsSent uint64 `json:"resets_sent"`
 	// SYNs left to the kernel because NAT runs for their address family
 	// in the listener's namespace: it would drop the request socket of a
-	// moat cookie handshake (SetNATHooks). Also in SYNsPassed.
+	// moat cookie handshake (syn_net_nat in bpf/include/syncookie.h).
+	// Also in SYNsPassed.
 	NATSYNs uint64 `json:"nat_syns"`
 }
 
