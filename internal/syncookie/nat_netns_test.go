@@ -101,4 +101,29 @@ func TestHandshakeWhereNATRuns(t *testing.T) {
 			}
 		})
 	}
+
+	// More input hooks ahead of NAT's priority than the data path looks
+	// at (16): it cannot tell, and leaves the SYNs to the kernel as if
+	// NAT ran; with the chains gone, moat answers again.
+	t.Run("ip/17-ahead, no NAT", func(t *testing.T) {
+		chains := ""
+		for i := range 17 {
+			chains += fmt.Sprintf(" chain in%d {\n  type filter hook input priority %d;\n }\n", i, -100+i)
+		}
+		nft(t, fmt.Sprintf("table ip moat_test_many {\n%s}\n", chains))
+		time.Sleep(20 * time.Millisecond)
+		before := s.status(t)
+		connect(t, ifc.PeerIPv4)
+		if after := s.status(t); after.CookiesIssued != before.CookiesIssued || after.NATSYNs != before.NATSYNs+1 {
+			t.Errorf("17 hooks ahead: cookies issued %d->%d, NAT SYNs %d->%d: want the SYN left to the kernel",
+				before.CookiesIssued, after.CookiesIssued, before.NATSYNs, after.NATSYNs)
+		}
+		nft(t, "delete table ip moat_test_many\n")
+		time.Sleep(20 * time.Millisecond)
+		before = s.status(t)
+		connect(t, ifc.PeerIPv4)
+		if after := s.status(t); after.CookiesAccepted != before.CookiesAccepted+1 {
+			t.Errorf("chains gone: cookies accepted %d->%d, want a moat handshake again", before.CookiesAccepted, after.CookiesAccepted)
+		}
+	})
 }
