@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -118,7 +117,9 @@ func askDaemon(socket, root string) (c *daemonClient, dead bool, err error) {
 		}
 		return nil, false, err
 	}
-	if filepath.Clean(st.Root) != filepath.Clean(root) {
+	// The same state, whichever path leads to it: a root named through a
+	// symbolic link is the daemon's too.
+	if shield.ResolveRoot(st.Root) != shield.ResolveRoot(root) {
 		return nil, false, nil
 	}
 	return c, false, nil

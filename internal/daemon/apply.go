@@ -81,11 +81,27 @@ func (d *Daemon) applyDiff(s *shield.Shield, old, cfg *config.Config, set *confi
 			d.log.Warn(n)
 		}
 	}
+	running := map[string]shield.Mode{} // where moat's filter runs, in which mode
+	if old != nil {
+		atts, err := s.Attachments()
+		if err != nil {
+			return ch, refused(err)
+		}
+		for _, a := range atts {
+			if ifc, err := net.InterfaceByName(a.Iface); err == nil && a.Present && a.Ifindex == ifc.Index {
+				running[a.Iface] = a.Mode
+			}
+		}
+	}
 	for _, i := range cfg.Interfaces {
 		if _, err := net.InterfaceByName(i.Name); err != nil {
 			return ch, refused(fmt.Errorf("interfaces: no interface %q (config line %d)", i.Name, i.Line))
 		}
-		if o, ok := oldIfaces[i.Name]; ok && o.Mode != i.Mode {
+		// Only a mode the filter does not run in needs it detached: auto
+		// takes the filter as it is, and native or generic where it
+		// runs so already (auto's choice) changes nothing.
+		cur, live := running[i.Name]
+		if o, ok := oldIfaces[i.Name]; ok && o.Mode != i.Mode && live && i.AttachMode() != shield.ModeAuto && i.AttachMode() != cur {
 			return ch, refused(fmt.Errorf("interfaces: %s: the mode changes from %s to %s; that needs a restart (detach, then start)", i.Name, o.Mode, i.Mode))
 		}
 	}
@@ -675,7 +691,7 @@ func (d *Daemon) applyPorts(s *shield.Shield, want []rules.PortEntry, ch *Change
 // there is none, and writes the defence's settings. Ports protected
 // outside the config are turned off: with the daemon, SYN protection is
 // the config's. A port whose settings did not change is left alone, as
-// protecting it again would reset its counters and flood state.
+// protecting it again would reset its flood state.
 // rotated says whether it rotated the key.
 func (d *Daemon) applySYN(s *shield.Shield, cfg *config.Config) (changed int, rotated bool, err error) {
 	ports, counters := s.Map(datapath.MoatMapSynPorts), s.Map(datapath.MoatMapSynCounters)

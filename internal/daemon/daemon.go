@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -92,6 +93,11 @@ type Options struct {
 // Daemon is a running moat daemon.
 type Daemon struct {
 	mu sync.Mutex // serialises every change to the pinned state and the state file
+	// reloadMu makes reloads one at a time, from the read of the config
+	// to its apply (which takes mu): the config is read without mu, and
+	// a reload that read the file before another must not apply after
+	// it, leaving the maps on an older config than the file's.
+	reloadMu sync.Mutex
 
 	opts     Options
 	cfg      *config.Config // the config applied last
@@ -106,7 +112,11 @@ type Daemon struct {
 
 	flooding map[uint16]bool // SYN flood state per port as last sampled
 
-	feeds      *feedSet // the applied config's feeds
+	feeds *feedSet // the applied config's feeds
+	// feedsNow is feeds for the readers that must not wait for mu, which
+	// a reload or a heal holds for seconds: a scrape of the metrics
+	// (which read no state of the daemon's but this), `moat feeds`.
+	feedsNow   atomic.Pointer[feedSet]
 	feedRunner *feedRunner
 	// cfgSet is the applied config's rules (inline and rule files),
 	// kept while it names feeds: a feed's change is merged with the
@@ -216,6 +226,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err == nil {
 		d.dropShadowed(ch.applied)
 		d.feeds = fs
+		d.feedsNow.Store(fs)
 		d.keepSet(cfg, set)
 	}
 	if err == nil {
@@ -251,7 +262,19 @@ func Run(ctx context.Context, opts Options) error {
 
 	srv := &http.Server{Handler: d.api(), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
-	defer srv.Close()
+	defer func() {
+		// A change under way through the API (`moat reload`, `moat
+		// block`) ends and answers before the daemon does: the process
+		// ends when Run returns, which cut such a change short, with the
+		// maps half changed, the state file not saved and the caller
+		// told only EOF. New requests are refused meanwhile.
+		ctx, cancel := context.WithTimeout(context.Background(), apiStopWait)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			d.log.Error("stopping: a request through the API did not end in time; cut short", "waited", apiStopWait)
+			srv.Close()
+		}
+	}()
 
 	if metricsLn != nil {
 		metricsSrv := d.serveMetrics(metricsLn, cfg)
@@ -316,6 +339,11 @@ func Run(ctx context.Context, opts Options) error {
 	}
 }
 
+// apiStopWait bounds how long a stopping daemon waits for the requests
+// under way through its API: well within systemd's TimeoutStopSec (20 s in
+// dist/moat.service), and longer than a reload of a million entries.
+const apiStopWait = 15 * time.Second
+
 func newLogger(cfg *config.Config, level *slog.LevelVar) *slog.Logger {
 	o := &slog.HandlerOptions{Level: level}
 	if cfg.Daemon.LogFormat == "json" {
@@ -366,12 +394,16 @@ func listen(path string) (net.Listener, error) {
 }
 
 // LockPath is the lock file a daemon holds on root for its life (see
-// lockDaemon): the CLI asks it whether a daemon manages a root.
+// lockDaemon): the CLI asks it whether a daemon manages a root. A root
+// reached through a symbolic link has the lock of the directory it leads
+// to, so that neither a second daemon nor a command that would go round
+// the daemon takes it for another root.
 func LockPath(root string) (string, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return "", err
 	}
+	abs = shield.ResolveRoot(abs)
 	sum := sha256.Sum256([]byte(abs))
 	return fmt.Sprintf("/run/moat-daemon-%s-%x.lock", filepath.Base(abs), sum[:4]), nil
 }
@@ -771,6 +803,8 @@ type ReloadResult struct {
 // Reload reads the config file again and, if it is valid, applies it as a
 // diff. A bad config changes nothing.
 func (d *Daemon) Reload() ReloadResult {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
 	start := time.Now()
 	defer lowerGC()()
 	defer releaseMemory()
@@ -872,6 +906,7 @@ func (d *Daemon) keepSet(cfg *config.Config, set *config.Set) {
 func (d *Daemon) useFeeds(fs *feedSet) {
 	old := d.feeds
 	d.feeds = fs
+	d.feedsNow.Store(fs)
 	if d.feedRunner != nil {
 		d.feedRunner.sync(fs)
 	}

@@ -1551,23 +1551,43 @@ func TestReloadShorteningTheRotationRotatesOnce(t *testing.T) {
 // which says more than the CLI prints.
 func (e *env) reloadAPI() daemon.ReloadResult {
 	e.t.Helper()
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", e.sock)
-	}}}
-	defer c.CloseIdleConnections()
-	resp, err := c.Post("http://moat/v1/reload", "application/json", nil)
+	res, err := e.postReload()
 	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var res daemon.ReloadResult
-	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
 		e.t.Fatal(err)
 	}
 	if !res.OK {
 		e.t.Fatalf("reload: %+v\ndaemon log:\n%s", res, e.log)
 	}
 	return res
+}
+
+// postReload asks the daemon's API for a reload, from any goroutine.
+func (e *env) postReload() (res daemon.ReloadResult, err error) {
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", e.sock)
+	}}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://moat/v1/reload", "application/json", nil)
+	if err != nil {
+		return res, err
+	}
+	defer resp.Body.Close()
+	return res, json.NewDecoder(resp.Body).Decode(&res)
+}
+
+// bigList writes a rule file of n host addresses in 10.0.0.0/8 into the
+// test's directory, for a reload that takes a while.
+func (e *env) bigList(n int) string {
+	e.t.Helper()
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "10.%d.%d.%d\n", i>>16, i>>8&255, i&255)
+	}
+	list := filepath.Join(e.dir, "big.txt")
+	if err := os.WriteFile(list, []byte(b.String()), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return list
 }
 
 // TestReloadReportsLimitsAndPolicy: a reload's answer, and its log line,

@@ -110,12 +110,10 @@ func (fs *feedSet) statuses() []feed.Status {
 	return out
 }
 
-// FeedStatus reports the applied config's feeds, in its order.
+// FeedStatus reports the applied config's feeds, in its order, without
+// waiting for a change under way (a scrape of the metrics calls it).
 func (d *Daemon) FeedStatus() []feed.Status {
-	d.mu.Lock()
-	fs := d.feeds
-	d.mu.Unlock()
-	return fs.statuses()
+	return d.feedsNow.Load().statuses()
 }
 
 // feedRunner fetches each feed of the applied config every refresh

@@ -575,10 +575,14 @@ func acceptorIfindexWith(ifindex int, byIndex func(int) (netlink.Link, error)) (
 	return ifindex, ""
 }
 
+// bridgeNote tells that iface's acceptor runs at its bridge's ingress.
+// The daemon logs it too, where `moat attach` is refused and the daemon
+// follows the bridge itself: the note says both.
 func bridgeNote(iface, bridge string) string {
 	return fmt.Sprintf("%s is a port of bridge %s: moat's SYN acceptor runs at %s's tcx ingress, "+
-		"where this host's frames arrive past the bridge's netfilter; if %s leaves the bridge, run `moat attach %s` again",
-		iface, bridge, bridge, iface, iface)
+		"where this host's frames arrive past the bridge's netfilter; if %s leaves the bridge or the bridge is made anew, "+
+		"moat must attach to %s again: a daemon whose config names it does so itself within a sample period, otherwise run `moat attach %s`",
+		iface, bridge, bridge, iface, iface, iface)
 }
 
 // currentMode asks the kernel how XDP is attached to an interface.

@@ -238,8 +238,11 @@ func (s *Shield) lockPath(what string) string {
 // its directory and its base name. The inode alone is not enough: every
 // bpffs mount's top directory is inode 1, so /sys/fs/bpf/moat and a root
 // of the same name on another bpffs mount would share their locks (one
-// census, one dump and one writer at a time for both).
+// census, one dump and one writer at a time for both). A root named
+// through a symbolic link is named as the directory it leads to: the
+// same state must have one lock, whichever path a command was given.
 func RootLockID(root string) string {
+	root = ResolveRoot(root)
 	// os.Stat's Sys() is a *syscall.Stat_t, never a *unix.Stat_t, so ask
 	// unix directly.
 	var st unix.Stat_t
@@ -247,6 +250,24 @@ func RootLockID(root string) string {
 		return fmt.Sprintf("%d-%d-%s", st.Dev, st.Ino, filepath.Base(root))
 	}
 	return filepath.Base(root)
+}
+
+// ResolveRoot is root with the symbolic links on its way resolved, as far
+// as they exist: a root not made yet keeps its last name. The locks that
+// say who works on a root (RootLockID, the daemon's) go by it, so that a
+// root reached through a link is not taken for another one.
+func ResolveRoot(root string) string {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return root
+	}
+	if r, err := filepath.EvalSymlinks(abs); err == nil {
+		return r
+	}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		return filepath.Join(dir, filepath.Base(abs))
+	}
+	return abs
 }
 
 func (s *Shield) mapsDir() string { return filepath.Join(s.root, "maps") }

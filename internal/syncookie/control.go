@@ -377,10 +377,12 @@ func ReadPortTable(ports, counters, census *ebpf.Map) (*PortTable, error) {
 
 // Protect sets the mode of a TCP port. threshold is the SYN rate per second
 // that auto mode takes for a flood (0: DefaultThreshold). Protecting a port
-// resets its counters and flood detection, but not the acceptance of the
-// cookies it issued; ModeOff removes it. A protected port
-// keeps its slot of syn_counters, named in its syn_ports entry; a newly
-// protected one takes the lowest free slot.
+// resets its flood detection, but not the acceptance of the cookies it
+// issued; ModeOff removes it. A protected port keeps its slot of
+// syn_counters, named in its syn_ports entry, and the counters in it: a
+// change of mode or threshold (a daemon's reload, `moat syn protect`
+// again) must not take moat_syncookie_*_total back to zero. A newly
+// protected one takes the lowest free slot, its counters from zero.
 func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
 	key := uint32(port)
 	cur, protected := t.entries[port]
@@ -405,7 +407,8 @@ func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
 		threshold = DefaultThreshold
 	}
 	slot := cur.Slot
-	if !protected || slot == 0 {
+	fresh := !protected || slot == 0
+	if fresh {
 		var err error
 		if slot, err = t.freeSlot(); err != nil {
 			return fmt.Errorf("protect tcp/%d: %w", port, err)
@@ -419,11 +422,20 @@ func (t *PortTable) Protect(port uint16, mode Mode, threshold uint32) error {
 	// trust it for the port only from the first pass that starts after
 	// this. Counters first: the port's entry names the slot only once it
 	// is clear.
+	// A port that stays protected keeps its counters; the census starts
+	// over for it only out of never mode, which marks no tuples (the
+	// other modes mark every socket they see born).
 	gen, err := CensusGeneration(t.census)
 	if err != nil {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
-	if err := clearSlot(t.counters, slot, gen+1); err != nil {
+	switch {
+	case fresh:
+		err = clearSlot(t.counters, slot, gen+1)
+	case Mode(cur.Mode) == ModeNever && mode != ModeNever:
+		err = censusFrom(t.counters, slot, gen+1)
+	}
+	if err != nil {
 		return fmt.Errorf("protect tcp/%d: %w", port, err)
 	}
 	v := datapath.MoatSynPort{Mode: uint8(mode), WindowThreshold: perWindow, Slot: slot}
@@ -466,6 +478,24 @@ func clearSlot(counters *ebpf.Map, slot uint16, censusFrom uint32) error {
 	return nil
 }
 
+// censusFrom has the data path trust the socket census for a slot only
+// from generation from, and keeps its counters. Counts the data path
+// makes between the read and the write are lost (a few, never the slot's
+// total), as no write can add to a per-CPU value.
+func censusFrom(counters *ebpf.Map, slot uint16, from uint32) error {
+	var per []datapath.MoatSynPortStats
+	if err := counters.Lookup(uint32(slot), &per); err != nil {
+		return fmt.Errorf("read counters slot %d: %w", slot, err)
+	}
+	for i := range per {
+		per[i].CensusFrom = from
+	}
+	if err := counters.Update(uint32(slot), per, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write counters slot %d: %w", slot, err)
+	}
+	return nil
+}
+
 // Ports lists the protected ports, in port order.
 func (t *PortTable) Ports() []uint16 {
 	out := make([]uint16, 0, len(t.entries))
@@ -484,7 +514,7 @@ func (t *PortTable) Protected(port uint16) bool {
 
 // Holds says whether port is protected with mode and threshold (0:
 // DefaultThreshold) as Protect would store them, with a counters slot: then
-// protecting it again would only reset its counters and flood state.
+// protecting it again would only reset its flood state.
 func (t *PortTable) Holds(port uint16, mode Mode, threshold uint32) bool {
 	e, ok := t.entries[port]
 	if !ok || e.Slot == 0 || e.Mode != uint8(mode) {
