@@ -360,7 +360,7 @@ func writeSynPorts(out io.Writer, ports []syncookie.PortStatus) error {
 				"A plain TCP listener has moat answer its SYNs.\n", p.Port, p.MPTCPSYNs)
 		}
 		if p.NATSYNs > 0 {
-			fmt.Fprintf(out, "tcp/%d: %d SYNs went to the kernel because NAT runs in the listener's namespace (a NAT rule with "+
+			fmt.Fprintf(out, "tcp/%d: %d SYNs went to the kernel while NAT ran in the listener's namespace (a NAT rule with "+
 				"connection tracking, as on hosts of Docker, Kubernetes or libvirt): the kernel drops the request socket of a moat "+
 				"cookie handshake there, so only its own SYN queue and cookies defend this port for that address family.\n", p.Port, p.NATSYNs)
 		}

@@ -53,7 +53,7 @@ func TestSynPortsTable(t *testing.T) {
 		"tcp/443: 2 valid cookies the kernel refused",
 		"tcp/443: 7 valid cookies came while the listener's accept queue was full",
 		"tcp/8080: 9 SYNs went to the kernel because the listener is MPTCP",
-		"tcp/25: 6 SYNs went to the kernel because NAT runs in the listener's namespace",
+		"tcp/25: 6 SYNs went to the kernel while NAT ran in the listener's namespace",
 	} {
 		if !strings.HasPrefix(lines[5+i], hint) {
 			t.Errorf("hint %q, want one that starts %q", lines[5+i], hint)
