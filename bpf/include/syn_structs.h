@@ -188,7 +188,14 @@ struct syn_port_stats {
 	/* And whether it holds TCP-MD5 or TCP-AO keys (syn_listener_signs):
 	 * its signed SYNs go to the kernel. */
 	__u8 listener_signs;
-	__u8 pad[2];
+	/* And the IP header its SYN-ACK would carry: the hop limit (TTL)
+	 * and the DS field (TOS or traffic class, ECN bits clear) that the
+	 * kernel's own SYN-ACK takes from the listener (IP_TTL, IP_TOS,
+	 * IPV6_UNICAST_HOPS, IPV6_TCLASS) or, where it set none, from the
+	 * namespace (ip_default_ttl) or the device (conf.DEV.hop_limit)
+	 * (syn_listener_ttl, syn_listener_tos). In what was padding. */
+	__u8 listener_ttl;
+	__u8 listener_tos;
 	/* Valid cookie ACKs handed to the kernel while the listener's accept
 	 * queue was full: the stack drops the connection the request socket
 	 * would make (its ListenOverflows) and the client sends again; not in

@@ -71,6 +71,25 @@ struct netns_ipv4___moat {
 	__u8 sysctl_tcp_window_scaling;
 	__u8 sysctl_tcp_timestamps;
 	int sysctl_tcp_rmem[3];
+	/* What the kernel's SYN-ACK takes from the namespace: the TTL of a
+	 * listener without IP_TTL, and whether the SYN's DS field is
+	 * reflected (tcp_reflect_tos). */
+	__u8 sysctl_ip_default_ttl;
+	__u8 sysctl_tcp_reflect_tos;
+} __attribute__((preserve_access_index));
+
+/* The IPv6 flow label settings of a namespace (net.ipv6.auto_flowlabels,
+ * flowlabel_reflect, flowlabel_state_ranges): the kernel's SYN-ACK
+ * carries the SYN's label where new listeners reflect it, else a label
+ * of its own where auto labels are on. */
+struct netns_sysctl_ipv6___moat {
+	__u8 auto_flowlabels;
+	__u8 flowlabel_state_ranges;
+	int flowlabel_reflect;
+} __attribute__((preserve_access_index));
+
+struct netns_ipv6___moat {
+	struct netns_sysctl_ipv6___moat sysctl;
 } __attribute__((preserve_access_index));
 
 /* The netfilter hooks of a namespace (struct netns_nf), as far as moat
@@ -109,7 +128,49 @@ struct netns_nf___moat {
 struct net___moat {
 	struct netns_ipv4___moat ipv4;
 	struct netns_nf___moat nf; /* absent without CONFIG_NETFILTER */
+	struct netns_ipv6___moat ipv6; /* absent without CONFIG_IPV6 */
 } __attribute__((preserve_access_index));
+
+/* What the kernel's SYN-ACK takes from a listener's IP layer: its hop
+ * limit (IP_TTL, IPV6_UNICAST_HOPS; -1: none set) and DS field (IP_TOS,
+ * IPV6_TCLASS). Read with plain loads through the listener, which take
+ * no stack: the SYN path has none to spare. */
+struct ipv6_pinfo___moat {
+	__s16 hop_limit;
+	__u8 tclass;
+} __attribute__((preserve_access_index));
+
+struct inet_sock___moat {
+	struct ipv6_pinfo___moat *pinet6;
+	__s16 uc_ttl;
+	__u8 tos;
+} __attribute__((preserve_access_index));
+
+/* The device an XDP frame came in on (bpf_cast_to_kern_ctx), as far as
+ * its IPv6 hop limit (net.ipv6.conf.DEV.hop_limit, which router
+ * advertisements also set): the kernel's SYN-ACK of a listener without
+ * IPV6_UNICAST_HOPS carries it (ip6_dst_hoplimit). */
+struct ipv6_devconf___moat {
+	__s32 hop_limit;
+} __attribute__((preserve_access_index));
+
+struct inet6_dev___moat {
+	struct ipv6_devconf___moat cnf;
+} __attribute__((preserve_access_index));
+
+struct net_device___moat {
+	struct inet6_dev___moat *ip6_ptr;
+} __attribute__((preserve_access_index));
+
+struct xdp_rxq_info___moat {
+	struct net_device___moat *dev;
+} __attribute__((preserve_access_index));
+
+struct xdp_buff___moat {
+	struct xdp_rxq_info___moat *rxq;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 struct possible_net_t___moat {
 	struct net___moat *net;
@@ -175,6 +236,15 @@ enum syn_net_setting {
 	 * kernel's (syn_answer). */
 	SYN_NET_NAT4 = 1 << 5,
 	SYN_NET_NAT6 = 1 << 6,
+	/* The SYN-ACK's IP header, as the kernel's: the SYN's DS field
+	 * reflected (tcp_reflect_tos); the SYN's IPv6 flow label reflected
+	 * (flowlabel_reflect bit 0, which new listeners take on); or, where
+	 * not, a flow label of moat's own (auto_flowlabels 1 or 3), with
+	 * its top bit set under flowlabel_state_ranges. */
+	SYN_NET_REFLECT_TOS = 1 << 7,
+	SYN_NET_FLOW_REFLECT = 1 << 8,
+	SYN_NET_FLOW_AUTO = 1 << 9,
+	SYN_NET_FLOW_STATELESS = 1 << 10,
 };
 
 #define SYN_NF_INET_LOCAL_IN 1
@@ -239,19 +309,22 @@ static __always_inline __u32 syn_net_nat_bit(int family)
  * every path of the tc program that leads to it. */
 __attribute__((noinline)) int syn_net_nat(__u64 net)
 {
-	__u64 e4 = 0, e6 = 0;
+	__u64 e = 0;
 	int s = 0;
 
 	if (!net || !bpf_core_field_exists(struct net___moat, nf))
 		return 0;
-	if (bpf_probe_read_kernel(&e4, sizeof(e4),
-				  (void *)(net + bpf_core_field_offset(struct net___moat, nf.hooks_ipv4[SYN_NF_INET_LOCAL_IN]))) ||
-	    bpf_probe_read_kernel(&e6, sizeof(e6),
+	/* One list at a time, through one slot: this function's stack is
+	 * the last of the SYN path's chain of calls, which has none to spare. */
+	if (bpf_probe_read_kernel(&e, sizeof(e),
+				  (void *)(net + bpf_core_field_offset(struct net___moat, nf.hooks_ipv4[SYN_NF_INET_LOCAL_IN]))))
+		return SYN_NET_NAT4 | SYN_NET_NAT6;
+	if (syn_nf_nat_hooked(e, SYN_NFPROTO_IPV4))
+		s |= SYN_NET_NAT4;
+	if (bpf_probe_read_kernel(&e, sizeof(e),
 				  (void *)(net + bpf_core_field_offset(struct net___moat, nf.hooks_ipv6[SYN_NF_INET_LOCAL_IN]))))
 		return SYN_NET_NAT4 | SYN_NET_NAT6;
-	if (syn_nf_nat_hooked(e4, SYN_NFPROTO_IPV4))
-		s |= SYN_NET_NAT4;
-	if (syn_nf_nat_hooked(e6, SYN_NFPROTO_IPV6))
+	if (syn_nf_nat_hooked(e, SYN_NFPROTO_IPV6))
 		s |= SYN_NET_NAT6;
 	return s;
 }
@@ -297,7 +370,76 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 		s |= SYN_NET_WSCALE;
 	if (net->ipv4.sysctl_tcp_ecn)
 		s |= SYN_NET_ECN;
+	if (bpf_core_field_exists(net->ipv4.sysctl_tcp_reflect_tos) && net->ipv4.sysctl_tcp_reflect_tos)
+		s |= SYN_NET_REFLECT_TOS;
+	if (bpf_core_field_exists(net->ipv6)) {
+		if (net->ipv6.sysctl.flowlabel_reflect & 1) /* FLOWLABEL_REFLECT_ESTABLISHED */
+			s |= SYN_NET_FLOW_REFLECT;
+		/* IP6_AUTO_FLOW_LABEL_OPTOUT and _FORCED: on for a listener
+		 * that did not opt out (IPV6_AUTOFLOWLABEL, not looked at). */
+		if (net->ipv6.sysctl.auto_flowlabels == 1 || net->ipv6.sysctl.auto_flowlabels == 3)
+			s |= SYN_NET_FLOW_AUTO;
+		if (net->ipv6.sysctl.flowlabel_state_ranges)
+			s |= SYN_NET_FLOW_STATELESS;
+	}
 	return s | syn_listener_nat(tsk);
+}
+
+/* The hop limit of the kernel's SYN-ACK for a listener (ip_select_ttl,
+ * ip6_dst_hoplimit): its IP_TTL (IPv4) or IPV6_UNICAST_HOPS (IPv6), or
+ * where it set none the namespace's ip_default_ttl, or the hop limit of
+ * the device the SYN came in by (and its SYN-ACK leaves by). A route's
+ * hoplimit metric is not looked at. 0 if it cannot be read: the caller
+ * takes SYNACK_TTL. A GTSM peer (RFC 5082: IP_MINTTL 255) takes no
+ * SYN-ACK of less than the 255 its listener set. */
+static __always_inline __u8 syn_listener_ttl(struct xdp_md *ctx, const struct tcp_sock *tsk, int family)
+{
+	const struct inet_sock___moat *inet = (const void *)tsk;
+	const struct sock_common___moat *skc = (const void *)tsk;
+	struct xdp_buff___moat *xdp;
+	long ttl;
+
+	if (!tsk)
+		return 0;
+	if (family == 4) {
+		ttl = inet->uc_ttl;
+		if (ttl > 0 && ttl <= 255)
+			return ttl;
+		if (bpf_core_field_exists(skc->skc_net.net) && skc->skc_net.net &&
+		    bpf_core_field_exists(skc->skc_net.net->ipv4.sysctl_ip_default_ttl))
+			return skc->skc_net.net->ipv4.sysctl_ip_default_ttl;
+		return 0;
+	}
+	if (inet->pinet6) {
+		const struct ipv6_pinfo___moat *np = inet->pinet6;
+
+		ttl = np->hop_limit;
+		if (ttl > 0 && ttl <= 255)
+			return ttl;
+	}
+	xdp = bpf_cast_to_kern_ctx(ctx);
+	if (!xdp || !xdp->rxq || !xdp->rxq->dev || !xdp->rxq->dev->ip6_ptr)
+		return 0;
+	ttl = xdp->rxq->dev->ip6_ptr->cnf.hop_limit;
+	return ttl > 0 && ttl <= 255 ? ttl : 0;
+}
+
+/* The DS field of the kernel's SYN-ACK for a listener without
+ * tcp_reflect_tos: its IP_TOS (IPv4) or IPV6_TCLASS (IPv6), whose ECN
+ * bits a stream socket does not set. */
+static __always_inline __u8 syn_listener_tos(const struct tcp_sock *tsk, int family)
+{
+	const struct inet_sock___moat *inet = (const void *)tsk;
+	const struct ipv6_pinfo___moat *np;
+
+	if (!tsk)
+		return 0;
+	if (family == 4)
+		return inet->tos & ~3;
+	np = inet->pinet6;
+	if (!np)
+		return 0;
+	return np->tclass & ~3;
 }
 
 /* The MSS a listener sets for itself (TCP_MAXSEG), 0 for none. */
@@ -517,7 +659,8 @@ static __always_inline __u16 syn_mss_value(__u32 idx, int family)
 	case 4: mss = 1400; break;
 	case 5: mss = 1440; break;
 	case 6: mss = 1460; break;
-	default: mss = 8960; break;
+	/* A 9000-byte MTU: IPv6 headers take 20 bytes more than IPv4's. */
+	default: mss = family == 6 ? 8940 : 8960; break;
 	}
 	/* IPv6 guarantees a 1280-byte MTU, and the kfunc refuses less. */
 	if (family == 6 && mss < IPV6_MIN_MSS)
@@ -526,9 +669,9 @@ static __always_inline __u16 syn_mss_value(__u32 idx, int family)
 }
 
 /* The largest table entry that does not exceed the client's MSS. */
-static __always_inline __u32 syn_mss_index(__u16 mss)
+static __always_inline __u32 syn_mss_index(__u16 mss, int family)
 {
-	if (mss >= 8960) return 7;
+	if (mss >= (family == 6 ? 8940 : 8960)) return 7;
 	if (mss >= 1460) return 6;
 	if (mss >= 1440) return 5;
 	if (mss >= 1400) return 4;
@@ -1013,6 +1156,8 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 		st->listener_wild = *wild;
 		st->listener_mptcp = syn_listener_mptcp(tsk);
 		st->listener_signs = syn_listener_signs(tsk);
+		st->listener_ttl = syn_listener_ttl(ctx, tsk, p->family);
+		st->listener_tos = syn_listener_tos(tsk, p->family);
 		__builtin_memcpy(st->listener_addr, p->daddr, 16);
 	}
 	bpf_sk_release(sk);
@@ -1130,6 +1275,21 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
 	return 1;
 }
 
+/* Whether an IPv6 destination is a subnet-router anycast address (RFC 4291
+ * 2.6.1): a prefix with an all-zero interface identifier. The kernel makes
+ * one for each prefix of a device that forwards (2001:db8:1:: for
+ * 2001:db8:1::1/64, fe80::), and takes no TCP connection to an anycast
+ * address: it drops the SYN (tcp_v6_conn_request) and answers a stray
+ * segment with no RST (tcp_v6_send_reset). Told apart by the interface
+ * identifier of a /64, the prefix length of all but point-to-point links
+ * (RFC 6164's /127, whose ::0 address is unicast, loses the RST of a stray
+ * ACK and has its SYNs left to the kernel); an anycast address of a longer
+ * prefix, or one a socket joined (IPV6_JOIN_ANYCAST), is not seen. */
+static __always_inline int syn_dest_subnet_anycast(const struct packet *p)
+{
+	return p->family == 6 && syn_addr_half(p->daddr, 1) == 0;
+}
+
 /* Auto mode: counts the SYN in this CPU's window and says whether the
  * port is in cookie mode. Each CPU writes the shared port entry at most
  * once per window while a flood lasts, so detection costs a SYN a per-CPU
@@ -1154,7 +1314,11 @@ static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_s
 		}
 	} else if (port->flooding && (__s64)(now - port->last_flood_ns) > (__s64)hold) {
 		port->flooding = 0;
-		port->last_change_ns = now;
+		/* The flood ended when its hold ran out, as status and the
+		 * daemon's log already said (flood_until_ns), not at this SYN,
+		 * which may come much later. */
+		port->last_change_ns = port->flood_until_ns && (__s64)(now - port->flood_until_ns) > 0 ?
+					       port->flood_until_ns : now;
 	}
 	return port->flooding;
 }
@@ -1233,14 +1397,14 @@ static __always_inline int synack_options(__u32 *w, const struct tcp_opts *o,
 /* Makes the frame a reply to p of tcp_len bytes of TCP: keeps the
  * Ethernet header and VLAN tags with the MAC addresses swapped, resizes
  * the frame to them and a plain IP header (20 bytes, or 40) and the TCP
- * bytes, and writes that IP header from p's addresses, swapped, with
- * SYNACK_TTL. A frame shorter than the reply grows at the head, where XDP
- * always has room; tailroom is not guaranteed (veth has none). Returns 0
- * with *th at the TCP header and *end at the frame's end; SYN_CONTINUE
- * when the frame is as it was; XDP_DROP when it was resized but could not
- * be filled. */
+ * bytes, and writes that IP header from p's addresses, swapped, with hop
+ * limit ttl, DS field tos and (IPv6) flow label flow. A frame shorter
+ * than the reply grows at the head, where XDP always has room; tailroom
+ * is not guaranteed (veth has none). Returns 0 with *th at the TCP header
+ * and *end at the frame's end; SYN_CONTINUE when the frame is as it was;
+ * XDP_DROP when it was resized but could not be filled. */
 static __always_inline int syn_reply_frame(struct xdp_md *ctx, const struct packet *p, __u32 tcp_len,
-					   struct tcphdr **th, void **end)
+					   struct tcphdr **th, void **end, __u8 ttl, __u8 tos, __u32 flow)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -1283,10 +1447,10 @@ static __always_inline int syn_reply_frame(struct xdp_md *ctx, const struct pack
 
 	if (p->family == 4) {
 		__u32 *ip = data + l3;
-		/* Version 4, header length 5, TOS 0; ID 0 and DF. */
-		__u32 w0 = SYN_WORD(0x45 << 24 | (sizeof(struct iphdr) + tcp_len));
+		/* Version 4, header length 5, TOS; ID 0 and DF. */
+		__u32 w0 = SYN_WORD(0x45 << 24 | (__u32)tos << 16 | (sizeof(struct iphdr) + tcp_len));
 		__u32 w1 = SYN_WORD(0x4000);
-		__u16 ttl_proto = bpf_htons(SYNACK_TTL << 8 | IPPROTO_TCP);
+		__u16 ttl_proto = bpf_htons((__u16)ttl << 8 | IPPROTO_TCP);
 		__u32 saddr = *(const __u32 *)p->daddr, daddr = *(const __u32 *)p->saddr;
 
 		if ((void *)(ip + 5) > data_end)
@@ -1303,11 +1467,11 @@ static __always_inline int syn_reply_frame(struct xdp_md *ctx, const struct pack
 
 		if ((void *)(ip6h + 1) > data_end)
 			return XDP_DROP;
-		/* Version 6, traffic class and flow label 0. */
-		*(__be32 *)ip6h = bpf_htonl(0x60000000);
+		/* Version 6, traffic class, flow label. */
+		*(__be32 *)ip6h = bpf_htonl(0x60000000 | (__u32)tos << 20 | (flow & 0xfffff));
 		ip6h->payload_len = bpf_htons(tcp_len);
 		ip6h->nexthdr = IPPROTO_TCP;
-		ip6h->hop_limit = SYNACK_TTL;
+		ip6h->hop_limit = ttl;
 		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
 		__builtin_memcpy(&ip6h->daddr, p->saddr, 16);
 		*th = (void *)(ip6h + 1);
@@ -1347,7 +1511,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	__u16 our_mss;
 	__u8 our_wscale, wscale, ip_ecn;
 	int ecn, keys, i, ret;
-	__u32 net = 0, tcp_len;
+	__u32 net = 0, tcp_len, ipw0;
 
 	if (!ctx || !p || !st)
 		return SYN_CONTINUE;
@@ -1408,8 +1572,10 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	      (ip_ecn == 0 || th->res1);
 
 	/* Double tags: the tc acceptor runs after the outer tag is stripped
-	 * and would see the inner one still in the frame. */
-	if (p->vlans > 1)
+	 * and would see the inner one still in the frame. A subnet-router
+	 * anycast destination: the kernel drops the SYN, and moat's SYN-ACK
+	 * would make a connection the kernel alone never makes. */
+	if (p->vlans > 1 || syn_dest_subnet_anycast(p))
 		return SYN_CONTINUE;
 	/* Only a listener's SYNs: a time-wait socket must see a reused tuple
 	 * (or the third ACK reaches it and dies), an established one answers
@@ -1471,7 +1637,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 		wscale = o->wscale > TCP_MAX_WSCALE ? TCP_MAX_WSCALE : o->wscale;
 	if (!o->has_mss)
 		o->mss = p->family == 4 ? IPV4_MIN_MSS : IPV6_MIN_MSS;
-	meta = wscale | syn_mss_index(o->mss) << SYN_COOKIE_MSS_SHIFT;
+	meta = wscale | syn_mss_index(o->mss, p->family) << SYN_COOKIE_MSS_SHIFT;
 	if (o->sack_ok)
 		meta |= SYN_COOKIE_SACK;
 	if (ecn)
@@ -1507,9 +1673,34 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	sum = syn_pseudo_sum(p, tcp_len) + csum_words(tw, 4) + csum_words(ow, SYNACK_OPT_WORDS);
 	check = csum_fold32(sum);
 
+	/* The IP header the kernel's SYN-ACK would have (tcp_v4_send_synack,
+	 * tcp_v6_send_synack): the listener's hop limit and DS field, or the
+	 * SYN's DS field under tcp_reflect_tos; over IPv6 the SYN's flow
+	 * label where the listener reflects it, else one of moat's own where
+	 * the kernel would pick one (auto labels). Built in ipw0 as IPv6's
+	 * first word, from the SYN's, read again here rather than kept: the
+	 * SYN path has no stack to spare. */
+	ipw0 = 0;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (l3 <= SYN_MAX_L3_OFF && data + l3 + 4 <= data_end)
+		ipw0 = bpf_ntohl(*(__be32 *)(data + l3));
+	if (p->family == 4)
+		ipw0 = (ipw0 >> 16 & 0xff) << 20;
+	if (!(net & SYN_NET_REFLECT_TOS))
+		ipw0 = (ipw0 & 0xfffff) | (__u32)st->listener_tos << 20;
+	/* A label of moat's own: spread from the cookie, which the client
+	 * sees anyway, as the kernel's is from a random hash of the request. */
+	if (p->family == 6 && !(net & SYN_NET_FLOW_REFLECT))
+		ipw0 = (ipw0 & 0xff00000) |
+		       ((net & SYN_NET_FLOW_AUTO) ?
+				((bpf_ntohl(tw[1]) * 0x9e3779b1u) >> 12) | ((net & SYN_NET_FLOW_STATELESS) ? 0x80000 : 0) :
+				0);
+
 	/* Everything past the Ethernet header and tags is rebuilt from what
 	 * was read above. */
-	ret = syn_reply_frame(ctx, p, tcp_len, &th, &data_end);
+	ret = syn_reply_frame(ctx, p, tcp_len, &th, &data_end, st->listener_ttl ? st->listener_ttl : SYNACK_TTL,
+			      (ipw0 >> 20) & 0xfc, ipw0 & 0xfffff);
 	if (ret)
 		return ret;
 	((__u32 *)th)[0] = tw[0];
@@ -1644,10 +1835,11 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	if ((void *)(th + 1) > data_end)
 		return XDP_DROP;
 	/* Nor to what the kernel would drop before TCP sees it (a group MAC;
-	 * a broadcast, multicast, loopback or unspecified address), nor to a
+	 * a broadcast, multicast, loopback or unspecified address), nor to an
+	 * anycast address, which the kernel answers with no RST, nor to a
 	 * segment signed with TCP-MD5 or TCP-AO, whose RST would have to be
 	 * signed too. */
-	if (!syn_addrs_unicast(data, p))
+	if (!syn_addrs_unicast(data, p) || syn_dest_subnet_anycast(p))
 		return XDP_DROP;
 	o = xdp_tcp_options(ctx, p);
 	if (o && o->signed_seg)
@@ -1678,7 +1870,7 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 
 	/* The frame cut to the headers (the ACK had both whole, so it only
 	 * shrinks), everything past the Ethernet header and tags rebuilt. */
-	if (syn_reply_frame(ctx, p, sizeof(*th), &th, &data_end))
+	if (syn_reply_frame(ctx, p, sizeof(*th), &th, &data_end, SYNACK_TTL, 0, 0))
 		return XDP_DROP;
 	((__u32 *)th)[0] = tw[0];
 	((__u32 *)th)[1] = tw[1];

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
 )
 
 // TestReloadsApplyInOrder: two reloads through the API close together (a

@@ -475,7 +475,8 @@ type MoatSynPortStats struct {
 	Fib             [64]uint8
 	ListenerMptcp   uint8
 	ListenerSigns   uint8
-	Pad             [2]uint8
+	ListenerTtl     uint8
+	ListenerTos     uint8
 	AcceptQueueFull uint64
 	MptcpSyns       uint64
 	ResetsSent      uint64

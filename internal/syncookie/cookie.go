@@ -36,8 +36,11 @@ const (
 )
 
 // MSSTable is the MSS values a cookie can carry. IPv6 raises entries below
-// 1220 to 1220, its minimum.
+// 1220 to 1220, its minimum, and takes 8940 for the last (a 9000-byte MTU
+// less IPv6's 40-byte header: mssJumbo6).
 var MSSTable = [8]uint16{536, 1220, 1300, 1360, 1400, 1440, 1460, 8960}
+
+const mssJumbo6 = 8940
 
 // Key is one SipHash-2-4 key.
 type Key struct{ K0, K1 uint64 }
@@ -105,10 +108,10 @@ func SipHash24(k Key, msg []byte) uint64 {
 }
 
 // mssIndex is the largest table entry not above mss.
-func mssIndex(mss uint16) uint32 {
+func mssIndex(mss uint16, v6 bool) uint32 {
 	idx := uint32(0)
-	for i, v := range MSSTable {
-		if mss >= v {
+	for i := range MSSTable {
+		if mss >= mssValue(uint32(i), v6) {
 			idx = uint32(i)
 		}
 	}
@@ -119,6 +122,9 @@ func mssValue(idx uint32, v6 bool) uint16 {
 	m := MSSTable[idx&mssMask]
 	if v6 && m < 1220 {
 		m = 1220
+	}
+	if v6 && idx&mssMask == uint32(len(MSSTable)-1) {
+		m = mssJumbo6
 	}
 	return m
 }
@@ -133,7 +139,7 @@ func Meta(mss uint16, hasMSS bool, wscale uint8, hasWScale, sack, ecn bool, gen 
 			mss = 1220
 		}
 	}
-	m := mssIndex(mss) << mssShift
+	m := mssIndex(mss, v6) << mssShift
 	if hasWScale {
 		m |= uint32(min(wscale, maxWScale))
 	} else {

@@ -326,7 +326,9 @@ func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k 
 	}
 	f := testpkt.Frame{SrcMAC: testpkt.DefaultDstMAC, DstMAC: testpkt.DefaultSrcMAC, Tags: tags, L4: tcp}
 	if v6 {
-		f.Net = testpkt.IPv6{Src: server, Dst: client, HopLimit: 64}
+		// The namespace's auto flow labels are on (its default): a
+		// label of moat's own, spread from the cookie.
+		f.Net = testpkt.IPv6{Src: server, Dst: client, HopLimit: 64, FlowLabel: synAckFlowLabel(cookie)}
 	} else {
 		f.Net = testpkt.IPv4{Src: server, Dst: client, TTL: 64, DF: true}
 	}
@@ -340,6 +342,12 @@ func expectedSynAck(tags []testpkt.Tag, client, server netip.Addr, o synOpts, k 
 		b = b[:l3+int(binary.BigEndian.Uint16(b[l3+2:]))]
 	}
 	return b, cookie, tsval
+}
+
+// synAckFlowLabel is the IPv6 flow label of moat's SYN-ACK carrying cookie
+// where the namespace has auto flow labels and does not reflect the SYN's.
+func synAckFlowLabel(cookie uint32) uint32 {
+	return (cookie * 0x9e3779b1) >> 12
 }
 
 func synFrame(tags []testpkt.Tag, client, server netip.Addr, tcp testpkt.TCP) []byte {
@@ -473,6 +481,9 @@ func TestSynAckBytes(t *testing.T) {
 		{"mss 1380", testpkt.VLAN(7), client4, server4, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(1380)}}, synOpts{mss: 1380, hasMSS: true}},
 		{"ipv6 mss 536", nil, client6, server6, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(536)}}, synOpts{mss: 536, hasMSS: true}},
 		{"jumbo mss", nil, client6, server6, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(9000)}}, synOpts{mss: 9000, hasMSS: true}},
+		// What a 9000-byte MTU leaves IPv6 (IPv4: 8960).
+		{"ipv6 jumbo mss 8940", nil, client6, server6, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(8940)}}, synOpts{mss: 8940, hasMSS: true}},
+		{"ipv4 jumbo mss 8960", nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(8960)}}, synOpts{mss: 8960, hasMSS: true}},
 		{"window scale above 14", nil, client4, server4, testpkt.TCP{Options: []layers.TCPOption{testpkt.MSS(1460), testpkt.TCPNOP(), testpkt.WindowScale(15)}},
 			synOpts{mss: 1460, hasMSS: true, wscale: 15, hasWScale: true}},
 		{"ecn setup", nil, client4, server4, testpkt.TCP{ECE: true, CWR: true, Options: linux},

@@ -1,0 +1,215 @@
+package syncookie
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/lab"
+)
+
+// synAckHeader is what a client sees of the IP header of the SYN-ACK it
+// got, and the flow label of its own packets of the connection.
+type synAckHeader struct {
+	ttl, ds       uint8
+	flow, ownFlow uint32
+	connected     bool
+}
+
+// firstSynAck connects from the client to port on addr with opt applied to
+// the client's socket, and returns the IP header of the first SYN-ACK that
+// came back (a frame of the client's own interface, read with AF_PACKET).
+func firstSynAck(t *testing.T, h *lab.Host, addr netip.Addr, port uint16, opt func(fd int) error) synAckHeader {
+	t.Helper()
+	var fd int
+	if err := h.Do(func() (err error) {
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(hostToNet16(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: hostToNet16(unix.ETH_P_ALL), Ifindex: h.Ifaces[0].Index})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	var got synAckHeader
+	var c net.Conn
+	err := h.Do(func() (err error) {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		d.SetMultipathTCP(false)
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var e error
+			if opt != nil {
+				rc.Control(func(fd uintptr) { e = opt(int(fd)) })
+			}
+			return e
+		}
+		c, err = d.Dial("tcp", netip.AddrPortFrom(addr, port).String())
+		return err
+	})
+	got.connected = err == nil
+	if c != nil {
+		c.Write([]byte("x"))
+		defer c.Close()
+	}
+	buf := make([]byte, 2048)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			continue
+		}
+		pkt := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default)
+		tcp, ok := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
+		if !ok {
+			continue
+		}
+		ip6, _ := pkt.Layer(layers.LayerTypeIPv6).(*layers.IPv6)
+		ip4, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		switch {
+		case uint16(tcp.SrcPort) == port && tcp.SYN && tcp.ACK && got.ttl == 0:
+			if ip6 != nil {
+				got.ttl, got.ds, got.flow = ip6.HopLimit, ip6.TrafficClass, ip6.FlowLabel
+			} else {
+				got.ttl, got.ds = ip4.TTL, ip4.TOS
+			}
+		case uint16(tcp.DstPort) == port && !tcp.SYN && ip6 != nil && got.ownFlow == 0:
+			got.ownFlow = ip6.FlowLabel
+		}
+		if got.ttl != 0 && (ip6 == nil || got.ownFlow != 0 || !got.connected) {
+			break
+		}
+	}
+	if got.ttl == 0 {
+		t.Fatalf("no SYN-ACK from %v", netip.AddrPortFrom(addr, port))
+	}
+	return got
+}
+
+// TestSynAckIPHeaderAsTheKernels: moat's SYN-ACK carries the IP header the
+// kernel's own would: the listener's hop limit (IP_TTL, IPV6_UNICAST_HOPS)
+// or the namespace's (ip_default_ttl) or the device's
+// (conf.DEV.hop_limit), the listener's DS field (IP_TOS, IPV6_TCLASS) or
+// the SYN's (tcp_reflect_tos), and over IPv6 the SYN's flow label where
+// listeners reflect it (flowlabel_reflect) or a label of its own (auto
+// labels). With 64 and 0 whatever the listener, a GTSM peer (RFC 5082,
+// IP_MINTTL 255), which the kernel's SYN-ACK reaches, never connected.
+func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
+	s := newShielded(t, ModeNever)
+	serverIf := s.lab.Client.Ifaces[0]
+	sysctl := func(path, val string) {
+		t.Helper()
+		if err := s.lab.Server.Do(func() error { return os.WriteFile(path, []byte(val), 0) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port := uint16(labPort)
+	for _, tc := range []struct {
+		name       string
+		v6         bool
+		sysctls    [][2]string
+		listener   func(fd int) error
+		client     func(fd int) error
+		reflectsFl bool
+	}{
+		{name: "ipv4 defaults"},
+		{name: "ipv6 defaults", v6: true},
+		{name: "ipv4 GTSM: IP_TTL 255, IP_TOS, peer IP_MINTTL 255",
+			listener: func(fd int) error {
+				unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TOS, 0x28)
+				return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TTL, 255)
+			},
+			client: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MINTTL, 255) }},
+		{name: "ipv6 GTSM: IPV6_UNICAST_HOPS 255, IPV6_TCLASS, peer IPV6_MINHOPCOUNT 255", v6: true,
+			listener: func(fd int) error {
+				unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0x28)
+				return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, 255)
+			},
+			client: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MINHOPCOUNT, 255) }},
+		{name: "ipv4 ip_default_ttl 99", sysctls: [][2]string{{"/proc/sys/net/ipv4/ip_default_ttl", "99"}}},
+		{name: "ipv6 device hop_limit 77", v6: true,
+			sysctls: [][2]string{{"/proc/sys/net/ipv6/conf/" + s.lab.Server.Ifaces[0].Name + "/hop_limit", "77"}}},
+		{name: "ipv4 tcp_reflect_tos", sysctls: [][2]string{{"/proc/sys/net/ipv4/tcp_reflect_tos", "1"}},
+			client: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TOS, 0x48) }},
+		{name: "ipv6 tcp_reflect_tos", v6: true, sysctls: [][2]string{{"/proc/sys/net/ipv4/tcp_reflect_tos", "1"}},
+			client: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0x48) }},
+		{name: "ipv6 flowlabel_reflect", v6: true, reflectsFl: true,
+			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, sc := range tc.sysctls {
+				sysctl(sc[0], sc[1]) // the lab's namespace goes with the test
+			}
+			port++
+			network, addr := "tcp4", serverIf.PeerIPv4
+			if tc.v6 {
+				network, addr = "tcp6", serverIf.PeerIPv6
+			}
+			ln := s.listenTCP(t, network, port, tc.listener)
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+			protect := func(m Mode) {
+				if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, port, m, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			protect(ModeNever)
+			kernel := firstSynAck(t, s.lab.Client, addr, port, tc.client)
+			protect(ModeAlways)
+			before, _ := Status(s.objs.SynPorts, s.objs.SynCounters)
+			moat := firstSynAck(t, s.lab.Client, addr, port, tc.client)
+			after, _ := Status(s.objs.SynPorts, s.objs.SynCounters)
+			t.Logf("kernel %+v, moat %+v", kernel, moat)
+			issued := func(st []PortStatus) uint64 {
+				for _, p := range st {
+					if p.Port == port {
+						return p.CookiesIssued
+					}
+				}
+				return 0
+			}
+			if !kernel.connected {
+				t.Fatal("the kernel's handshake failed")
+			}
+			if !moat.connected {
+				t.Error("the client did not connect through moat's SYN-ACK")
+			}
+			if issued(after) == issued(before) {
+				t.Fatal("moat issued no cookie: the SYN-ACK was the kernel's")
+			}
+			if moat.ttl != kernel.ttl || moat.ds != kernel.ds {
+				t.Errorf("moat's SYN-ACK: hop limit %d, DS field %#x; the kernel's: %d, %#x", moat.ttl, moat.ds, kernel.ttl, kernel.ds)
+			}
+			if !tc.v6 {
+				return
+			}
+			if tc.reflectsFl && (moat.flow != moat.ownFlow || kernel.flow != kernel.ownFlow) {
+				t.Errorf("flow labels: moat's SYN-ACK %#x, the client's %#x; the kernel's SYN-ACK %#x, the client's %#x",
+					moat.flow, moat.ownFlow, kernel.flow, kernel.ownFlow)
+			}
+			if moat.flow == 0 && kernel.flow != 0 {
+				t.Errorf("moat's SYN-ACK has no flow label, the kernel's %#x", kernel.flow)
+			}
+		})
+	}
+}
+
+func hostToNet16(v uint16) uint16 { return v<<8 | v>>8 }
