@@ -158,8 +158,13 @@ struct inet6_dev___moat {
 	struct ipv6_devconf___moat cnf;
 } __attribute__((preserve_access_index));
 
+struct possible_net_t___moat {
+	struct net___moat *net;
+} __attribute__((preserve_access_index));
+
 struct net_device___moat {
 	struct inet6_dev___moat *ip6_ptr;
+	struct possible_net_t___moat nd_net; /* its namespace's settings */
 } __attribute__((preserve_access_index));
 
 struct xdp_rxq_info___moat {
@@ -172,9 +177,6 @@ struct xdp_buff___moat {
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
-struct possible_net_t___moat {
-	struct net___moat *net;
-} __attribute__((preserve_access_index));
 
 /* What the SYN path reads of a listener: its TCP_MAXSEG (user_mss), its
  * window clamp, its receive buffer, and the share of a buffer's bytes the
@@ -385,18 +387,41 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 	return s | syn_listener_nat(tsk);
 }
 
-/* The hop limit of the kernel's SYN-ACK for a listener (ip_select_ttl,
- * ip6_dst_hoplimit): its IP_TTL (IPv4) or IPV6_UNICAST_HOPS (IPv6), or
- * where it set none the namespace's ip_default_ttl, or the hop limit of
- * the device the SYN came in by (and its SYN-ACK leaves by). A route's
- * hoplimit metric is not looked at. 0 if it cannot be read: the caller
- * takes SYNACK_TTL. A GTSM peer (RFC 5082: IP_MINTTL 255) takes no
+/* The hop limit of what the kernel sends from a socket that sets none
+ * (ip_select_ttl, ip6_dst_hoplimit), as for its RSTs, which leave through
+ * the namespace's control socket: the namespace's ip_default_ttl (IPv4),
+ * or the hop limit of the device the packet came in by and its answer
+ * leaves by (IPv6). A route's hoplimit metric is not looked at. 0 if it
+ * cannot be read. */
+static __always_inline __u8 syn_default_ttl(struct xdp_md *ctx, int family)
+{
+	struct xdp_buff___moat *xdp = bpf_cast_to_kern_ctx(ctx);
+	struct net_device___moat *dev;
+	long ttl;
+
+	if (!xdp || !xdp->rxq || !xdp->rxq->dev)
+		return 0;
+	dev = xdp->rxq->dev;
+	if (family == 4) {
+		if (!bpf_core_field_exists(dev->nd_net.net) || !dev->nd_net.net ||
+		    !bpf_core_field_exists(dev->nd_net.net->ipv4.sysctl_ip_default_ttl))
+			return 0;
+		return dev->nd_net.net->ipv4.sysctl_ip_default_ttl;
+	}
+	if (!dev->ip6_ptr)
+		return 0;
+	ttl = dev->ip6_ptr->cnf.hop_limit;
+	return ttl > 0 && ttl <= 255 ? ttl : 0;
+}
+
+/* The hop limit of the kernel's SYN-ACK for a listener: its IP_TTL (IPv4)
+ * or IPV6_UNICAST_HOPS (IPv6), or where it set none syn_default_ttl (the
+ * listener is in the device's namespace). 0 if it cannot be read: the
+ * caller takes SYNACK_TTL. A GTSM peer (RFC 5082: IP_MINTTL 255) takes no
  * SYN-ACK of less than the 255 its listener set. */
 static __always_inline __u8 syn_listener_ttl(struct xdp_md *ctx, const struct tcp_sock *tsk, int family)
 {
 	const struct inet_sock___moat *inet = (const void *)tsk;
-	const struct sock_common___moat *skc = (const void *)tsk;
-	struct xdp_buff___moat *xdp;
 	long ttl;
 
 	if (!tsk)
@@ -405,23 +430,14 @@ static __always_inline __u8 syn_listener_ttl(struct xdp_md *ctx, const struct tc
 		ttl = inet->uc_ttl;
 		if (ttl > 0 && ttl <= 255)
 			return ttl;
-		if (bpf_core_field_exists(skc->skc_net.net) && skc->skc_net.net &&
-		    bpf_core_field_exists(skc->skc_net.net->ipv4.sysctl_ip_default_ttl))
-			return skc->skc_net.net->ipv4.sysctl_ip_default_ttl;
-		return 0;
-	}
-	if (inet->pinet6) {
+	} else if (inet->pinet6) {
 		const struct ipv6_pinfo___moat *np = inet->pinet6;
 
 		ttl = np->hop_limit;
 		if (ttl > 0 && ttl <= 255)
 			return ttl;
 	}
-	xdp = bpf_cast_to_kern_ctx(ctx);
-	if (!xdp || !xdp->rxq || !xdp->rxq->dev || !xdp->rxq->dev->ip6_ptr)
-		return 0;
-	ttl = xdp->rxq->dev->ip6_ptr->cnf.hop_limit;
-	return ttl > 0 && ttl <= 255 ? ttl : 0;
+	return syn_default_ttl(ctx, family);
 }
 
 /* The DS field of the kernel's SYN-ACK for a listener without
@@ -1814,10 +1830,11 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	struct syn_recent *r;
 	void *data, *data_end;
 	struct tcphdr *th;
-	__u32 l3, l4, tw[5];
+	__u32 l3, l4, tw[5], ipw0;
 	__be32 seq;
 	__u64 sum;
 	int state;
+	__u8 ttl;
 
 	if (!ctx || !p || !st)
 		return XDP_DROP;
@@ -1868,9 +1885,33 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	sum = syn_pseudo_sum(p, sizeof(*th)) + csum_words(tw, 4);
 	tw[4] = syn_word_halves(csum_fold32(sum), 0);
 
+	/* The IP header of the kernel's RST (tcp_v4_send_reset,
+	 * tcp_v6_send_reset), which leaves through the namespace's control
+	 * socket whatever the listener set: the namespace's hop limit; the
+	 * segment's DS field, ECN bits clear; over IPv6 the segment's flow
+	 * label where the listener reflects labels, else where the kernel
+	 * would pick one (auto labels) one of moat's own, spread from the
+	 * tuple and the sequence number, as the kernel's is from a hash.
+	 * Built in ipw0 as IPv6's first word, from the segment's. */
+	ipw0 = 0;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (l3 <= SYN_MAX_L3_OFF && data + l3 + 4 <= data_end)
+		ipw0 = bpf_ntohl(*(__be32 *)(data + l3));
+	if (p->family == 4)
+		ipw0 = (ipw0 >> 16 & 0xff) << 20;
+	else if (!(st->net_settings & SYN_NET_FLOW_REFLECT))
+		ipw0 = (ipw0 & 0xff00000) |
+		       ((st->net_settings & SYN_NET_FLOW_AUTO) ?
+				(((bpf_ntohl(seq) ^ tw[0]) * 0x9e3779b1u) >> 12) |
+					((st->net_settings & SYN_NET_FLOW_STATELESS) ? 0x80000 : 0) :
+				0);
+	ttl = syn_default_ttl(ctx, p->family);
+
 	/* The frame cut to the headers (the ACK had both whole, so it only
 	 * shrinks), everything past the Ethernet header and tags rebuilt. */
-	if (syn_reply_frame(ctx, p, sizeof(*th), &th, &data_end, SYNACK_TTL, 0, 0))
+	if (syn_reply_frame(ctx, p, sizeof(*th), &th, &data_end, ttl ? ttl : SYNACK_TTL, (ipw0 >> 20) & 0xfc,
+			    ipw0 & 0xfffff))
 		return XDP_DROP;
 	((__u32 *)th)[0] = tw[0];
 	((__u32 *)th)[1] = tw[1];

@@ -7,7 +7,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -39,10 +42,27 @@ func foldsToZero(sum uint32) bool {
 	return sum == 0xffff
 }
 
+// sysctlInt reads a sysctl of the test's own namespace.
+func sysctlInt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // checkReset checks that out is the RST the kernel would send for the ACK
-// in: addresses and ports swapped, the ACK's acknowledgment number as the
-// sequence number, only RST set, no options or payload, TTL or hop limit
-// 64, tags kept; checksums summed here, apart from the program's.
+// in (a test run in the test's namespace, whose loopback device the frame
+// comes in by): addresses and ports swapped, the ACK's acknowledgment
+// number as the sequence number, only RST set, no options or payload, the
+// namespace's TTL or the device's hop limit, the ACK's DS field with the
+// ECN bits clear, over IPv6 a flow label where the namespace's auto labels
+// give one, tags kept; checksums summed here, apart from the program's.
 func checkReset(t *testing.T, in, out []byte) {
 	t.Helper()
 	ip := gopacket.NewPacket(in, layers.LayerTypeEthernet, gopacket.Default)
@@ -66,8 +86,9 @@ func checkReset(t *testing.T, in, out []byte) {
 		if !ok {
 			t.Fatalf("no IPv4 header in the RST %x", out)
 		}
-		if !r4.SrcIP.Equal(i4.DstIP) || !r4.DstIP.Equal(i4.SrcIP) || r4.TTL != 64 || r4.IHL != 5 || r4.Length != 40 ||
-			r4.Flags != layers.IPv4DontFragment || r4.Protocol != layers.IPProtocolTCP {
+		ttl := uint8(sysctlInt(t, "/proc/sys/net/ipv4/ip_default_ttl"))
+		if !r4.SrcIP.Equal(i4.DstIP) || !r4.DstIP.Equal(i4.SrcIP) || r4.TTL != ttl || r4.TOS != i4.TOS&^3 || r4.IHL != 5 ||
+			r4.Length != 40 || r4.Flags != layers.IPv4DontFragment || r4.Protocol != layers.IPProtocolTCP {
 			t.Errorf("IPv4 header %+v", r4)
 		}
 		if !foldsToZero(onesSum(0, r4.Contents)) {
@@ -80,9 +101,23 @@ func checkReset(t *testing.T, in, out []byte) {
 		if !ok {
 			t.Fatalf("no IPv6 header in the RST %x", out)
 		}
-		if !r6.SrcIP.Equal(i6.DstIP) || !r6.DstIP.Equal(i6.SrcIP) || r6.HopLimit != 64 || r6.Length != 20 ||
-			r6.NextHeader != layers.IPProtocolTCP || r6.FlowLabel != 0 {
+		hops := uint8(sysctlInt(t, "/proc/sys/net/ipv6/conf/lo/hop_limit"))
+		if !r6.SrcIP.Equal(i6.DstIP) || !r6.DstIP.Equal(i6.SrcIP) || r6.HopLimit != hops || r6.Length != 20 ||
+			r6.TrafficClass != i6.TrafficClass&^3 || r6.NextHeader != layers.IPProtocolTCP {
 			t.Errorf("IPv6 header %+v", r6)
+		}
+		auto := sysctlInt(t, "/proc/sys/net/ipv6/auto_flowlabels")
+		switch {
+		case sysctlInt(t, "/proc/sys/net/ipv6/flowlabel_reflect")&1 != 0:
+			if r6.FlowLabel != i6.FlowLabel {
+				t.Errorf("flow label %#x, want the ACK's %#x reflected", r6.FlowLabel, i6.FlowLabel)
+			}
+		case auto == 1 || auto == 3:
+			if r6.FlowLabel == 0 || r6.FlowLabel == i6.FlowLabel {
+				t.Errorf("flow label %#x (the ACK's %#x), want one of moat's own", r6.FlowLabel, i6.FlowLabel)
+			}
+		case r6.FlowLabel != 0:
+			t.Errorf("flow label %#x, want none (no auto labels)", r6.FlowLabel)
 		}
 		ipLen = 40
 		pseudo = onesSum(onesSum(0, r6.SrcIP), r6.DstIP) + uint32(layers.IPProtocolTCP) + 20
@@ -125,6 +160,9 @@ func TestStrayAckReset(t *testing.T) {
 		frame []byte
 	}{
 		{"ipv4", stray(testpkt.TCP{Seq: 1000, Ack: 0xdeadbeef, Options: tsOpts(5)}, v4, nil)},
+		{"ipv4 with a DS field, ECT(1)", stray(testpkt.TCP{Seq: 1000, Ack: 0xdeadbeef}, testpkt.IPv4{Src: client4, Dst: server4, TOS: 0xb9}, nil)},
+		{"ipv6 with a DS field, CE, a flow label", stray(testpkt.TCP{Seq: 7, Ack: 0x1234},
+			testpkt.IPv6{Src: client6, Dst: server6, TrafficClass: 0x2b, FlowLabel: 0xabcde}, nil)},
 		{"ipv4 with data", stray(testpkt.TCP{Seq: 1000, Ack: 77, PSH: true, Payload: []byte("GET / HTTP/1.1\r\n\r\n")}, v4, nil)},
 		{"ipv4 with ip options", stray(testpkt.TCP{Seq: 1, Ack: 2}, testpkt.IPv4{Src: client4, Dst: server4, Options: []testpkt.IPv4Option{testpkt.RouterAlert()}}, nil)},
 		{"ipv6", stray(testpkt.TCP{Seq: 9, Ack: 0x80000000}, v6, nil)},

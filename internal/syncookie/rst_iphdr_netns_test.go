@@ -1,0 +1,243 @@
+package syncookie
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"golang.org/x/sys/unix"
+)
+
+// resetHeader is what a client sees of the IP header of the RST that
+// ended its connection, and the flow label of the segment it answered.
+type resetHeader struct {
+	ttl, ds       uint8
+	flow, ownFlow uint32
+	reset         bool
+}
+
+// resetOfGoneConnection connects from the client to port on addr (the
+// client's socket set by opt), has the server forget the connection
+// without a word (TCP_REPAIR, then close), sends a segment from the
+// client, and returns the IP header of the RST that came back, read with
+// AF_PACKET on the client's interface.
+func resetOfGoneConnection(t *testing.T, s *shielded, network string, addr netip.Addr, port uint16,
+	opt func(fd int) error) resetHeader {
+	t.Helper()
+	ln := s.listenTCP(t, network, port, nil)
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			acc <- c
+		}
+	}()
+	var c net.Conn
+	if err := s.lab.Client.Do(func() (err error) {
+		d := net.Dialer{Timeout: 3 * time.Second}
+		d.SetMultipathTCP(false)
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var e error
+			if opt != nil {
+				rc.Control(func(fd uintptr) { e = opt(int(fd)) })
+			}
+			return e
+		}
+		c, err = d.Dial(network, netip.AddrPortFrom(addr, port).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var srv net.Conn
+	select {
+	case srv = <-acc:
+	case <-time.After(3 * time.Second):
+		t.Fatal("not accepted")
+	}
+	defer srv.Close()
+	// A request and its answer, so that the client's next segment
+	// acknowledges more than the handshake (segments right behind a
+	// cookie's ACK pass as such).
+	buf := make([]byte, 3)
+	c.Write([]byte("one"))
+	srv.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.ReadFull(srv, buf); err != nil {
+		t.Fatal(err)
+	}
+	srv.Write([]byte("ok!"))
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := srv.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
+	if serr != nil {
+		t.Fatalf("TCP_REPAIR: %v", serr)
+	}
+	srv.Close()
+
+	var fd int
+	if err := s.lab.Client.Do(func() (err error) {
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(hostToNet16(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: hostToNet16(unix.ETH_P_ALL),
+			Ifindex: s.lab.Client.Ifaces[0].Index})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+	_, werr := c.Write([]byte("two"))
+	var rerr error
+	if werr == nil {
+		_, rerr = c.Read(buf)
+	}
+	var got resetHeader
+	got.reset = errors.Is(werr, syscall.ECONNRESET) || errors.Is(rerr, syscall.ECONNRESET)
+	pbuf := make([]byte, 2048)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		n, _, err := unix.Recvfrom(fd, pbuf, 0)
+		if err != nil {
+			continue
+		}
+		pkt := gopacket.NewPacket(pbuf[:n], layers.LayerTypeEthernet, gopacket.Default)
+		tcp, ok := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
+		if !ok {
+			continue
+		}
+		ip6, _ := pkt.Layer(layers.LayerTypeIPv6).(*layers.IPv6)
+		ip4, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		switch {
+		case uint16(tcp.SrcPort) == port && tcp.RST && got.ttl == 0:
+			if ip6 != nil {
+				got.ttl, got.ds, got.flow = ip6.HopLimit, ip6.TrafficClass, ip6.FlowLabel
+			} else {
+				got.ttl, got.ds = ip4.TTL, ip4.TOS
+			}
+		case uint16(tcp.DstPort) == port && len(tcp.Payload) > 0 && ip6 != nil && got.ownFlow == 0:
+			got.ownFlow = ip6.FlowLabel
+		}
+		if got.ttl != 0 && (ip6 == nil || got.ownFlow != 0) {
+			break
+		}
+	}
+	if got.ttl == 0 {
+		t.Fatalf("no RST from %v (write %v, read %v)", netip.AddrPortFrom(addr, port), werr, rerr)
+	}
+	return got
+}
+
+// TestStrayAckResetIPHeaderAsTheKernels: the RST moat sends from XDP for a
+// segment of a connection this host no longer has carries the IP header
+// of the kernel's own RST for it: the namespace's hop limit
+// (ip_default_ttl, the device's conf.DEV.hop_limit), whatever the
+// listener set, the segment's DS field with its ECN bits clear, and over
+// IPv6 the segment's flow label where the kernel reflects it
+// (flowlabel_reflect) or a label of its own (auto labels), none without.
+func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
+	s := newShielded(t, ModeNever)
+	serverIf := s.lab.Client.Ifaces[0]
+	sysctl := func(path, val string) {
+		t.Helper()
+		if err := s.lab.Server.Do(func() error { return os.WriteFile(path, []byte(val), 0) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port := uint16(labPort + 100)
+	for _, tc := range []struct {
+		name    string
+		v6      bool
+		sysctls [][2]string
+		client  func(fd int) error
+		// Labels of the kernel's own choosing are of the stateless
+		// range (their top bit set).
+		stateless bool
+	}{
+		{name: "ipv4 defaults"},
+		{name: "ipv6 defaults", v6: true},
+		{name: "ipv4 ip_default_ttl 99, client IP_TOS", sysctls: [][2]string{{"/proc/sys/net/ipv4/ip_default_ttl", "99"}},
+			client: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TOS, 0x48) }},
+		{name: "ipv6 device hop_limit 77, client IPV6_TCLASS", v6: true,
+			sysctls: [][2]string{{"/proc/sys/net/ipv6/conf/" + s.lab.Server.Ifaces[0].Name + "/hop_limit", "77"}},
+			client:  func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0x48) }},
+		// Bit 0 (established) makes listeners reflect labels, and the
+		// kernel's RST is the listener's; bit 1 (resets) is for RSTs of
+		// no socket.
+		{name: "ipv6 flowlabel_reflect 1", v6: true, sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
+		{name: "ipv6 flowlabel_reflect 2", v6: true, sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "2"}}},
+		{name: "ipv6 flowlabel_state_ranges 1", v6: true, stateless: true,
+			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}, {"/proc/sys/net/ipv6/flowlabel_state_ranges", "1"}}},
+		{name: "ipv6 auto_flowlabels 0", v6: true,
+			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}, {"/proc/sys/net/ipv6/auto_flowlabels", "0"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, sc := range tc.sysctls {
+				sysctl(sc[0], sc[1]) // the lab's namespace goes with the test
+			}
+			port++
+			network, addr := "tcp4", serverIf.PeerIPv4
+			if tc.v6 {
+				network, addr = "tcp6", serverIf.PeerIPv6
+			}
+			protect := func(m Mode) {
+				if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, port, m, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			resets := func() uint64 {
+				st, _ := Status(s.objs.SynPorts, s.objs.SynCounters)
+				for _, p := range st {
+					if p.Port == port {
+						return p.ResetsSent
+					}
+				}
+				return 0
+			}
+			protect(ModeNever)
+			kernel := resetOfGoneConnection(t, s, network, addr, port, tc.client)
+			protect(ModeAlways)
+			before := resets()
+			moat := resetOfGoneConnection(t, s, network, addr, port, tc.client)
+			after := resets()
+			t.Logf("kernel %+v, moat %+v", kernel, moat)
+			if !kernel.reset || !moat.reset {
+				t.Fatalf("connection reset: by the kernel's RST %t, by moat's %t", kernel.reset, moat.reset)
+			}
+			if after == before {
+				t.Fatal("moat sent no RST: the RST was the kernel's")
+			}
+			if moat.ttl != kernel.ttl || moat.ds != kernel.ds {
+				t.Errorf("moat's RST: hop limit %d, DS field %#x; the kernel's: %d, %#x", moat.ttl, moat.ds, kernel.ttl, kernel.ds)
+			}
+			if !tc.v6 {
+				return
+			}
+			// The labels themselves are hashes: whether each is the
+			// client's, none, or one of the stateless range.
+			const stateless = 0x80000
+			if (moat.flow == moat.ownFlow) != (kernel.flow == kernel.ownFlow) || (moat.flow == 0) != (kernel.flow == 0) ||
+				tc.stateless && (moat.flow&stateless == 0 || kernel.flow&stateless == 0) {
+				t.Errorf("flow labels: moat's RST %#x, the client's %#x; the kernel's RST %#x, the client's %#x",
+					moat.flow, moat.ownFlow, kernel.flow, kernel.ownFlow)
+			}
+		})
+	}
+}
