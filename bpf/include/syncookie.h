@@ -152,6 +152,7 @@ struct inet_sock___moat {
  * IPV6_UNICAST_HOPS carries it (ip6_dst_hoplimit). */
 struct ipv6_devconf___moat {
 	__s32 hop_limit;
+	__s32 forwarding; /* net.ipv6.conf.DEV.forwarding */
 } __attribute__((preserve_access_index));
 
 struct inet6_dev___moat {
@@ -1297,13 +1298,25 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
  * 2001:db8:1::1/64, fe80::), and takes no TCP connection to an anycast
  * address: it drops the SYN (tcp_v6_conn_request) and answers a stray
  * segment with no RST (tcp_v6_send_reset). Told apart by the interface
- * identifier of a /64, the prefix length of all but point-to-point links
- * (RFC 6164's /127, whose ::0 address is unicast, loses the RST of a stray
- * ACK and has its SYNs left to the kernel); an anycast address of a longer
- * prefix, or one a socket joined (IPV6_JOIN_ANYCAST), is not seen. */
-static __always_inline int syn_dest_subnet_anycast(const struct packet *p)
+ * identifier of a /64, the prefix length of all but point-to-point links,
+ * on a device that forwards IPv6 (the one the packet came in by, which
+ * holds the prefix but on a host that keeps its addresses on a bridge or
+ * on lo): on a host that does not forward, an address with a zero
+ * interface identifier is unicast and its SYNs get moat's cookies. On a
+ * forwarding device, RFC 6164's /127 or a /128 (whose ::0 address the
+ * kernel keeps unicast) loses the RST of a stray ACK and has its SYNs
+ * left to the kernel; an anycast address of a longer prefix, or one a
+ * socket joined (IPV6_JOIN_ANYCAST), is not seen. */
+static __always_inline int syn_dest_subnet_anycast(struct xdp_md *ctx, const struct packet *p)
 {
-	return p->family == 6 && syn_addr_half(p->daddr, 1) == 0;
+	struct xdp_buff___moat *xdp;
+
+	if (p->family != 6 || syn_addr_half(p->daddr, 1) != 0)
+		return 0;
+	xdp = bpf_cast_to_kern_ctx(ctx);
+	if (!xdp || !xdp->rxq || !xdp->rxq->dev || !xdp->rxq->dev->ip6_ptr)
+		return 1; /* cannot tell: as the kernel on a router */
+	return xdp->rxq->dev->ip6_ptr->cnf.forwarding > 0;
 }
 
 /* Auto mode: counts the SYN in this CPU's window and says whether the
@@ -1321,7 +1334,13 @@ static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_s
 		st->win_syns = 0;
 	}
 	st->win_syns++;
-	if (st->win_syns == (__u64)port->window_threshold + 1) {
+	/* The window's first SYN over the threshold; or a later one while
+	 * the port is not flooding: its entry was written again (a reload,
+	 * `moat syn protect` again), with flooding clear, in the middle of
+	 * this CPU's window, which would not cross the threshold again until
+	 * it ends. */
+	if (st->win_syns == (__u64)port->window_threshold + 1 ||
+	    (st->win_syns > (__u64)port->window_threshold + 1 && !port->flooding)) {
 		port->last_flood_ns = now;
 		port->flood_until_ns = now + hold;
 		if (!port->flooding) {
@@ -1591,7 +1610,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	 * and would see the inner one still in the frame. A subnet-router
 	 * anycast destination: the kernel drops the SYN, and moat's SYN-ACK
 	 * would make a connection the kernel alone never makes. */
-	if (p->vlans > 1 || syn_dest_subnet_anycast(p))
+	if (p->vlans > 1 || syn_dest_subnet_anycast(ctx, p))
 		return SYN_CONTINUE;
 	/* Only a listener's SYNs: a time-wait socket must see a reused tuple
 	 * (or the third ACK reaches it and dies), an established one answers
@@ -1692,8 +1711,8 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	/* The IP header the kernel's SYN-ACK would have (tcp_v4_send_synack,
 	 * tcp_v6_send_synack): the listener's hop limit and DS field, or the
 	 * SYN's DS field under tcp_reflect_tos; over IPv6 the SYN's flow
-	 * label where the listener reflects it, else one of moat's own where
-	 * the kernel would pick one (auto labels). Built in ipw0 as IPv6's
+	 * label where the listener reflects it, else (and for a SYN of label
+	 * 0) one of moat's own where the kernel would pick one (auto labels). Built in ipw0 as IPv6's
 	 * first word, from the SYN's, read again here rather than kept: the
 	 * SYN path has no stack to spare. */
 	ipw0 = 0;
@@ -1707,7 +1726,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 		ipw0 = (ipw0 & 0xfffff) | (__u32)st->listener_tos << 20;
 	/* A label of moat's own: spread from the cookie, which the client
 	 * sees anyway, as the kernel's is from a random hash of the request. */
-	if (p->family == 6 && !(net & SYN_NET_FLOW_REFLECT))
+	if (p->family == 6 && (!(net & SYN_NET_FLOW_REFLECT) || !(ipw0 & 0xfffff)))
 		ipw0 = (ipw0 & 0xff00000) |
 		       ((net & SYN_NET_FLOW_AUTO) ?
 				((bpf_ntohl(tw[1]) * 0x9e3779b1u) >> 12) | ((net & SYN_NET_FLOW_STATELESS) ? 0x80000 : 0) :
@@ -1856,7 +1875,7 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	 * anycast address, which the kernel answers with no RST, nor to a
 	 * segment signed with TCP-MD5 or TCP-AO, whose RST would have to be
 	 * signed too. */
-	if (!syn_addrs_unicast(data, p) || syn_dest_subnet_anycast(p))
+	if (!syn_addrs_unicast(data, p) || syn_dest_subnet_anycast(ctx, p))
 		return XDP_DROP;
 	o = xdp_tcp_options(ctx, p);
 	if (o && o->signed_seg)
@@ -1889,10 +1908,11 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	 * tcp_v6_send_reset), which leaves through the namespace's control
 	 * socket whatever the listener set: the namespace's hop limit; the
 	 * segment's DS field, ECN bits clear; over IPv6 the segment's flow
-	 * label where the listener reflects labels, else where the kernel
-	 * would pick one (auto labels) one of moat's own, spread from the
-	 * tuple and the sequence number, as the kernel's is from a hash.
-	 * Built in ipw0 as IPv6's first word, from the segment's. */
+	 * label where the listener reflects labels, else (and for a segment
+	 * of label 0) where the kernel would pick one (auto labels) one of
+	 * moat's own, spread from the tuple and the sequence number, as the
+	 * kernel's is from a hash. Built in ipw0 as IPv6's first word, from
+	 * the segment's. */
 	ipw0 = 0;
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
@@ -1900,7 +1920,7 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 		ipw0 = bpf_ntohl(*(__be32 *)(data + l3));
 	if (p->family == 4)
 		ipw0 = (ipw0 >> 16 & 0xff) << 20;
-	else if (!(st->net_settings & SYN_NET_FLOW_REFLECT))
+	else if (!(st->net_settings & SYN_NET_FLOW_REFLECT) || !(ipw0 & 0xfffff))
 		ipw0 = (ipw0 & 0xff00000) |
 		       ((st->net_settings & SYN_NET_FLOW_AUTO) ?
 				(((bpf_ntohl(seq) ^ tw[0]) * 0x9e3779b1u) >> 12) |

@@ -39,3 +39,38 @@ func TestLockPathTellsMountsApart(t *testing.T) {
 		t.Error("one root got two lock names")
 	}
 }
+
+// TestResolveRootBeforeItIsMade: a root named through a symbolic link
+// higher up than its parent, with the directories below the link not made
+// yet, resolves to the directory it will be once they are: a daemon that
+// started before them locked the unresolved name, and a command or a
+// second daemon after them the resolved one, and went round it.
+func TestResolveRootBeforeItIsMade(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	realDir, err := filepath.EvalSymlinks(real) // TempDir may itself be under a link
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "link", "a", "b", "moat")
+	want := filepath.Join(realDir, "a", "b", "moat")
+	before := ResolveRoot(root)
+	if before != want {
+		t.Errorf("before the root is made: ResolveRoot(%s) = %s, want %s", root, before, want)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if after := ResolveRoot(root); after != before {
+		t.Errorf("ResolveRoot(%s) was %s before the root was made, %s after", root, before, after)
+	}
+	if got := ResolveRoot("relative/never/made"); !filepath.IsAbs(got) {
+		t.Errorf("ResolveRoot of a relative path gave %s", got)
+	}
+}

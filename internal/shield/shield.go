@@ -253,21 +253,26 @@ func RootLockID(root string) string {
 }
 
 // ResolveRoot is root with the symbolic links on its way resolved, as far
-// as they exist: a root not made yet keeps its last name. The locks that
-// say who works on a root (RootLockID, the daemon's) go by it, so that a
-// root reached through a link is not taken for another one.
+// as they exist: the longest part of its path that exists is resolved, and
+// the names that do not exist yet follow it, so a root names the same
+// directory before and after it is made. The locks that say who works on
+// a root (RootLockID, the daemon's) go by it, so that a root reached
+// through a link is not taken for another one.
 func ResolveRoot(root string) string {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return root
 	}
-	if r, err := filepath.EvalSymlinks(abs); err == nil {
-		return r
+	var rest []string
+	for dir := abs; ; dir = filepath.Dir(dir) {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(append([]string{r}, rest...)...)
+		}
+		if filepath.Dir(dir) == dir {
+			return abs
+		}
+		rest = append([]string{filepath.Base(dir)}, rest...)
 	}
-	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
-		return filepath.Join(dir, filepath.Base(abs))
-	}
-	return abs
 }
 
 func (s *Shield) mapsDir() string { return filepath.Join(s.root, "maps") }
