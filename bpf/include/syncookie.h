@@ -88,8 +88,11 @@ struct netns_sysctl_ipv6___moat {
 	int flowlabel_reflect;
 } __attribute__((preserve_access_index));
 
+struct ipv6_devconf___moat;
+
 struct netns_ipv6___moat {
 	struct netns_sysctl_ipv6___moat sysctl;
+	struct ipv6_devconf___moat *devconf_all; /* net.ipv6.conf.all */
 } __attribute__((preserve_access_index));
 
 /* The netfilter hooks of a namespace (struct netns_nf), as far as moat
@@ -1296,27 +1299,34 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
  * 2.6.1): a prefix with an all-zero interface identifier. The kernel makes
  * one for each prefix of a device that forwards (2001:db8:1:: for
  * 2001:db8:1::1/64, fe80::), and takes no TCP connection to an anycast
- * address: it drops the SYN (tcp_v6_conn_request) and answers a stray
- * segment with no RST (tcp_v6_send_reset). Told apart by the interface
- * identifier of a /64, the prefix length of all but point-to-point links,
- * on a device that forwards IPv6 (the one the packet came in by, which
- * holds the prefix but on a host that keeps its addresses on a bridge or
- * on lo): on a host that does not forward, an address with a zero
- * interface identifier is unicast and its SYNs get moat's cookies. On a
- * forwarding device, RFC 6164's /127 or a /128 (whose ::0 address the
- * kernel keeps unicast) loses the RST of a stray ACK and has its SYNs
- * left to the kernel; an anycast address of a longer prefix, or one a
- * socket joined (IPV6_JOIN_ANYCAST), is not seen. */
+ * address: it drops the SYN (tcp_v6_conn_request). (A stray segment to one
+ * still gets the listener's RST: only a RST of no socket is refused.) Told
+ * apart by the interface identifier of a /64, the prefix length of all but
+ * point-to-point links, where the device the packet came in by forwards
+ * IPv6, or the namespace's conf.all does (the prefix may be on another
+ * device: a bridge above moat's port, lo): on a host that does not
+ * forward, an address with a zero interface identifier is unicast, and its
+ * SYNs get moat's cookies. Where it forwards, RFC 6164's /127 or a /128
+ * (whose ::0 address the kernel keeps unicast) has its SYNs left to the
+ * kernel; an anycast address of a longer prefix, or one a socket joined
+ * (IPV6_JOIN_ANYCAST), is not seen. */
 static __always_inline int syn_dest_subnet_anycast(struct xdp_md *ctx, const struct packet *p)
 {
 	struct xdp_buff___moat *xdp;
+	struct net_device___moat *dev;
 
 	if (p->family != 6 || syn_addr_half(p->daddr, 1) != 0)
 		return 0;
 	xdp = bpf_cast_to_kern_ctx(ctx);
-	if (!xdp || !xdp->rxq || !xdp->rxq->dev || !xdp->rxq->dev->ip6_ptr)
+	if (!xdp || !xdp->rxq || !xdp->rxq->dev)
 		return 1; /* cannot tell: as the kernel on a router */
-	return xdp->rxq->dev->ip6_ptr->cnf.forwarding > 0;
+	dev = xdp->rxq->dev;
+	if (dev->ip6_ptr && dev->ip6_ptr->cnf.forwarding > 0)
+		return 1;
+	if (!bpf_core_field_exists(dev->nd_net.net) || !dev->nd_net.net ||
+	    !bpf_core_field_exists(dev->nd_net.net->ipv6.devconf_all) || !dev->nd_net.net->ipv6.devconf_all)
+		return 0;
+	return dev->nd_net.net->ipv6.devconf_all->forwarding > 0;
 }
 
 /* Auto mode: counts the SYN in this CPU's window and says whether the
@@ -1329,6 +1339,10 @@ static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_s
 {
 	__u64 hold = cfg->hold_ns ? cfg->hold_ns : SYN_DEFAULT_HOLD_NS;
 
+	/* No shorter than a window: a window over the threshold would turn
+	 * the port back to cookies at every SYN that the hold turned off. */
+	if ((__s64)hold < (__s64)SYN_WINDOW_NS)
+		hold = SYN_WINDOW_NS;
 	if (now - st->win_start_ns >= SYN_WINDOW_NS) {
 		st->win_start_ns = now;
 		st->win_syns = 0;
@@ -1871,11 +1885,11 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	if ((void *)(th + 1) > data_end)
 		return XDP_DROP;
 	/* Nor to what the kernel would drop before TCP sees it (a group MAC;
-	 * a broadcast, multicast, loopback or unspecified address), nor to an
-	 * anycast address, which the kernel answers with no RST, nor to a
+	 * a broadcast, multicast, loopback or unspecified address), nor to a
 	 * segment signed with TCP-MD5 or TCP-AO, whose RST would have to be
-	 * signed too. */
-	if (!syn_addrs_unicast(data, p) || syn_dest_subnet_anycast(ctx, p))
+	 * signed too. (To a subnet-router anycast address, the listener's RST
+	 * goes out: the kernel refuses only a RST of no socket there.) */
+	if (!syn_addrs_unicast(data, p))
 		return XDP_DROP;
 	o = xdp_tcp_options(ctx, p);
 	if (o && o->signed_seg)

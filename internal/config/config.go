@@ -548,6 +548,11 @@ func (c *Config) check(e *errs) {
 	if c.SYN.CookieLifetime != 0 && c.SYN.CookieLifetime < 2*c.SYN.RotateEvery {
 		key("syn.cookie_lifetime", "%s is shorter than two key rotations (%s): cookies would be refused while still valid", c.SYN.CookieLifetime, 2*c.SYN.RotateEvery)
 	}
+	// Auto mode counts SYNs in windows of 100 ms: a hold not much longer
+	// would turn cookies off between a flood's windows.
+	if h := c.SYN.Hold; h < 0 || (h != 0 && h < time.Second) {
+		key("syn.hold", "%s is shorter than 1s: auto mode would turn cookies off between the bursts of a flood", h)
+	}
 	if n := c.SYN.StrayACKResets; n != nil && *n > maxStrayACKResets {
 		key("syn.stray_ack_resets", "%d RSTs a second: at most %d", *n, maxStrayACKResets)
 	}

@@ -68,6 +68,8 @@ func TestErrorClassesWithLines(t *testing.T) {
 		{"port out of range", "syn:\n  ports:\n    - port: 70000\n", 3, `up to 65535, not "70000"`},
 		{"bad duration", "syn:\n  rotate_every: 60\n", 2, "want a duration"},
 		{"short rotation", "syn:\n  rotate_every: 10ms\n", 2, "syn.rotate_every: 10ms is out of range"},
+		{"short hold", "syn:\n  hold: 50ms\n", 2, "syn.hold: 50ms is shorter than 1s"},
+		{"negative hold", "syn:\n  hold: -1s\n", 2, "syn.hold: a duration cannot be negative"},
 		{"bad syn mode", "syn:\n  ports:\n    - port: 443\n      mode: sometimes\n", 4, `invalid mode "sometimes"`},
 		{"duplicate syn port", "syn:\n  ports:\n    - port: 443\n    - port: 443\n", 4, "tcp/443 is listed twice"},
 		{"bad iface mode", "interfaces:\n  - name: eth0\n    mode: turbo\n", 3, `invalid mode "turbo"`},

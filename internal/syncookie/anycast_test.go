@@ -5,23 +5,27 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
+	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
+	"golang.org/x/sys/unix"
 
+	"github.com/moat-shield/moat/internal/lab"
 	"github.com/moat-shield/moat/internal/testpkt"
 )
 
 // TestSubnetRouterAnycastLeftToTheKernel: a host that forwards has a
 // subnet-router anycast address for each prefix of its devices
 // (2001:db8:1:: for 2001:db8:1::1/64), and the kernel takes no TCP
-// connection to it: it drops the SYN and answers a stray segment with no
-// RST. moat answered such a SYN with a SYN-ACK from the anycast address,
-// and took the third ACK: a connection the kernel alone never makes, and
-// only while the port was in cookie mode. Where the device forwards, its
-// SYNs are the kernel's (counted as passed), and a stray ACK to it is
-// dropped without a RST. Where it does not, the kernel makes no anycast
-// address, and an address with a zero interface identifier is a server's
-// like any other: its SYNs get moat's cookies.
+// connection to it: it drops the SYN. moat answered such a SYN with a
+// SYN-ACK from the anycast address, and took the third ACK: a connection
+// the kernel alone never makes, and only while the port was in cookie
+// mode. Where the device forwards, its SYNs are the kernel's (counted as
+// passed); a stray ACK to it gets the listener's RST, as from the kernel
+// (TestSubnetRouterAnycastAsTheKernel). Where it does not, the kernel makes
+// no anycast address, and an address with a zero interface identifier is
+// a server's like any other: its SYNs get moat's cookies.
 func TestSubnetRouterAnycastLeftToTheKernel(t *testing.T) {
 	opts := []layers.TCPOption{testpkt.MSS(1460), testpkt.SACKPermitted(), testpkt.Timestamps(1, 0), testpkt.TCPNOP(), testpkt.WindowScale(7)}
 	syn := func(server netip.Addr) []byte {
@@ -35,9 +39,8 @@ func TestSubnetRouterAnycastLeftToTheKernel(t *testing.T) {
 				t.Fatal(err)
 			}
 			anycast := uint32(3) // 1 XDP_DROP, 2 XDP_PASS, 3 XDP_TX
-			anycastAck := uint32(3)
 			if forwarding {
-				anycast, anycastAck = 2, 1
+				anycast = 2
 			}
 			for _, tc := range []struct {
 				name  string
@@ -48,7 +51,7 @@ func TestSubnetRouterAnycastLeftToTheKernel(t *testing.T) {
 				{"syn to 2001:db8:1::", syn(netip.MustParseAddr("2001:db8:1::")), anycast},
 				{"syn to fe80::", syn(netip.MustParseAddr("fe80::")), anycast},
 				{"stray ack to a unicast address", ackFrame(client6, server6, protectedPort, 9, 12345, false), 3},
-				{"stray ack to 2001:db8:1::", ackFrame(client6, netip.MustParseAddr("2001:db8:1::"), protectedPort, 9, 12345, false), anycastAck},
+				{"stray ack to 2001:db8:1::", ackFrame(client6, netip.MustParseAddr("2001:db8:1::"), protectedPort, 9, 12345, false), 3},
 			} {
 				var ret uint32
 				var out []byte
@@ -74,12 +77,127 @@ func TestSubnetRouterAnycastLeftToTheKernel(t *testing.T) {
 			st := portStatus(t, objs, protectedPort)
 			want := PortStatus{CookiesIssued: 3, ResetsSent: 2}
 			if forwarding {
-				want = PortStatus{CookiesIssued: 1, SYNsPassed: 2, ResetsSent: 1}
+				want = PortStatus{CookiesIssued: 1, SYNsPassed: 2, ResetsSent: 2}
 			}
 			if st.CookiesIssued != want.CookiesIssued || st.SYNsPassed != want.SYNsPassed || st.ResetsSent != want.ResetsSent {
 				t.Errorf("status %+v: want %d cookies issued, %d SYNs passed, %d RSTs sent", st,
 					want.CookiesIssued, want.SYNsPassed, want.ResetsSent)
 			}
 		})
+	}
+}
+
+// TestSubnetRouterAnycastAsTheKernel: on a server that forwards IPv6, with
+// a listener on the wildcard address, the kernel makes no connection to
+// the link's subnet-router anycast address (no SYN-ACK for a SYN) but
+// answers a stray ACK to it with the listener's RST, as it does for its
+// unicast address; moat in always mode does the same, with its own
+// SYN-ACK and RST for the unicast address and its own RST for the anycast
+// one. Hand-made frames from the client, replies read on its interface.
+func TestSubnetRouterAnycastAsTheKernel(t *testing.T) {
+	s := newShielded(t, ModeNever)
+	cl := s.lab.Client.Ifaces[0]
+	if err := s.lab.Server.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	anycast := cl.IPv6.Masked().Addr()
+	const port = labPort + 200
+	ln := s.listenTCP(t, "tcp6", port, nil)
+	defer ln.Close()
+	send := s.lab.Client.RawSender(t)
+	replies := tcpReplies(t, s.lab.Client, port)
+	srcPort := uint16(40000)
+	for _, m := range []Mode{ModeNever, ModeAlways} {
+		if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, port, m, 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			dst       netip.Addr
+			syn       bool
+			wantFlags string // "" for no reply
+		}{
+			{anycast, true, ""},
+			{anycast, false, "R"},
+			{cl.PeerIPv6, true, "SA"},
+			{cl.PeerIPv6, false, "R"},
+		} {
+			srcPort++
+			tcp := testpkt.TCP{SrcPort: srcPort, DstPort: port, Seq: 1000, SYN: tc.syn, ACK: !tc.syn,
+				Options: []layers.TCPOption{testpkt.MSS(1400)}}
+			if !tc.syn {
+				tcp.Ack, tcp.Options = 5555, nil
+			}
+			send(testpkt.Frame{SrcMAC: cl.MAC, DstMAC: cl.PeerMAC,
+				Net: testpkt.IPv6{Src: cl.IPv6.Addr(), Dst: tc.dst}, L4: tcp}.Bytes())
+			what := "ACK"
+			if tc.syn {
+				what = "SYN"
+			}
+			if got := replies(srcPort); got != tc.wantFlags {
+				t.Errorf("%s: %s to %v: reply %q, want %q", m, what, tc.dst, got, tc.wantFlags)
+			}
+		}
+	}
+	all, err := Status(s.objs.SynPorts, s.objs.SynCounters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range all {
+		if p.Port == port && (p.CookiesIssued != 1 || p.SYNsPassed != 1 || p.ResetsSent != 2) {
+			t.Errorf("always mode: %+v; want 1 cookie issued, 1 SYN passed (anycast), 2 RSTs sent", p)
+		}
+	}
+}
+
+// tcpReplies reads the frames that come in on h's first interface and
+// returns a function that waits up to 700 ms for TCP segments from port to
+// the client port dport, and says which flags the first one had ("SA",
+// "R", ...; "" for none).
+func tcpReplies(t *testing.T, h *lab.Host, port uint16) func(dport uint16) string {
+	t.Helper()
+	var fd int
+	if err := h.Do(func() (err error) {
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(hostToNet16(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: hostToNet16(unix.ETH_P_ALL), Ifindex: h.Ifaces[0].Index})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return func(dport uint16) string {
+		buf := make([]byte, 2048)
+		for deadline := time.Now().Add(700 * time.Millisecond); time.Now().Before(deadline); {
+			n, from, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			tcp, ok := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default).Layer(layers.LayerTypeTCP).(*layers.TCP)
+			if !ok || uint16(tcp.SrcPort) != port || uint16(tcp.DstPort) != dport {
+				continue
+			}
+			flags := ""
+			if tcp.SYN {
+				flags += "S"
+			}
+			if tcp.ACK {
+				flags += "A"
+			}
+			if tcp.RST {
+				flags += "R"
+			}
+			return flags
+		}
+		return ""
 	}
 }

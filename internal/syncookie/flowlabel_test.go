@@ -12,7 +12,8 @@ import (
 )
 
 // TestReflectedLabelZeroGetsALabel: where listeners reflect flow labels
-// (net.ipv6.flowlabel_reflect bit 0), the kernel's SYN-ACK and RST carry
+// (net.ipv6.flowlabel_reflect bit 0 when they are made, which moat reads
+// from the namespace as it is now), the kernel's SYN-ACK and RST carry
 // the client's label, but a label of 0 is none to reflect: with auto
 // labels on, as by default, the kernel picks one (ip6_make_flowlabel).
 // moat sent 0.
@@ -43,10 +44,14 @@ func TestReflectedLabelZeroGetsALabel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var ret uint32
 			var out []byte
-			withListener(t, func() {
+			inScratchNetns(t, func() {
+				// Before the listener: the kernel's listener takes the
+				// setting when it is made.
 				if err := os.WriteFile("/proc/sys/net/ipv6/flowlabel_reflect", []byte("1"), 0); err != nil {
 					t.Fatal(err)
 				}
+				ln := listen(t, protectedPort)
+				defer ln.Close()
 				// The data path reads a namespace's settings once per
 				// jiffy, and a scratch namespace's lo has the index of
 				// the one before it.
