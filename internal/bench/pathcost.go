@@ -22,6 +22,18 @@ const (
 	pathCostBench = "VerdictPaths"
 )
 
+// establishedPkg and establishedBench: the SYN defence's cost per packet
+// beside a real socket (internal/syncookie's BenchmarkPerPacket), with the
+// established path in auto mode against the port unprotected side by side.
+// One iteration is 9 interleaved rounds of 4 million runs.
+const (
+	establishedPkg   = "./internal/syncookie/"
+	establishedBench = "PerPacket"
+	// establishedExtra names the sub-benchmark that reports the
+	// difference (extra-ns/pkt) and the ratio.
+	establishedExtra = "auto_no_flood_minus_unprotected"
+)
+
 // Benchmark is one line of `go test -bench` output.
 type Benchmark struct {
 	Name    string             `json:"name"`
@@ -37,6 +49,23 @@ type PathCostResult struct {
 	Printed    string      `json:"printed,omitempty"` // the summary the benchmark prints
 	Note       string      `json:"note,omitempty"`
 	Output     string      `json:"output,omitempty"` // go test's output when it failed
+	// The SYN defence's cost per packet (establishedBench).
+	EstablishedCommand string      `json:"established_command,omitempty"`
+	Established        []Benchmark `json:"established,omitempty"`
+	EstablishedOutput  string      `json:"established_output,omitempty"` // go test's output when it failed
+}
+
+// EstablishedExtra is the established path's extra nanoseconds per packet
+// in auto mode with no flood over the port unprotected, and their ratio;
+// ok is false when the benchmark gave none.
+func (pc *PathCostResult) EstablishedExtra() (ns, ratio float64, ok bool) {
+	for _, b := range pc.Established {
+		if strings.Contains(b.Name, establishedExtra) {
+			ns, ok = b.Metrics["extra-ns/pkt"]
+			return ns, b.Metrics["ratio"], ok
+		}
+	}
+	return 0, 0, false
 }
 
 var benchLine = regexp.MustCompile(`^(Benchmark\S+)\s+(\d+)\s+(.+)$`)
@@ -65,6 +94,17 @@ func (b *Bench) pathCost(ctx context.Context) (*PathCostResult, error) {
 	}
 	if len(res.Benchmarks) == 0 {
 		res.Note = "internal/datapath has no Benchmark" + pathCostBench + " yet"
+	}
+
+	args = []string{"test", "-run", "^$", "-bench", establishedBench, "-benchtime", "1x", "-count", "1", establishedPkg}
+	res.EstablishedCommand = "go " + strings.Join(args, " ")
+	cmd = exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	out, err = cmd.CombinedOutput()
+	res.Established = parseBenchmarks(out)
+	if err != nil {
+		res.EstablishedOutput = tail(string(out), 4000)
+		return res, fmt.Errorf("%s: %v", res.EstablishedCommand, err)
 	}
 	return res, nil
 }

@@ -30,3 +30,27 @@ func TestParseBenchmarkOutput(t *testing.T) {
 		t.Error("the summary kept the result line's figures")
 	}
 }
+
+// TestEstablishedExtra: the established path's figure comes from the line
+// of BenchmarkPerPacket's side-by-side sub-benchmark.
+func TestEstablishedExtra(t *testing.T) {
+	out := []byte(`goos: linux
+BenchmarkPerPacket/established_ack,_port_unprotected-2         	       1	 428068415 ns/op	       122.7 ns/pkt
+BenchmarkPerPacket/established_ack,_auto_no_flood-2            	       1	 440148331 ns/op	       133.6 ns/pkt
+BenchmarkPerPacket/established_ack,_auto_no_flood_minus_unprotected-2         	       1	8132119682 ns/op	         0.2000 extra-ns/pkt	         1.002 ratio
+ok  	github.com/moat-shield/moat/internal/syncookie	15.009s
+`)
+	pc := &PathCostResult{Established: parseBenchmarks(out)}
+	ns, ratio, ok := pc.EstablishedExtra()
+	if !ok || ns != 0.2 || ratio != 1.002 {
+		t.Errorf("EstablishedExtra = %v, %v, %v; want 0.2, 1.002, true (parsed %+v)", ns, ratio, ok, pc.Established)
+	}
+	var w strings.Builder
+	pathCostMarkdown(&w, &PathCostResult{EstablishedCommand: "go test", Established: pc.Established})
+	if !strings.Contains(w.String(), "costs **+0.2 ns** per packet") || !strings.Contains(w.String(), "| 122.7 ns/pkt |") {
+		t.Errorf("markdown:\n%s", w.String())
+	}
+	if _, _, ok := (&PathCostResult{}).EstablishedExtra(); ok {
+		t.Error("a figure from no benchmark")
+	}
+}
