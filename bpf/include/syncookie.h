@@ -1909,6 +1909,10 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	state = syn_mark_connecting(ctx, p);
 	if (state >= 0 && state != BPF_TCP_LISTEN)
 		return SYN_CONTINUE;
+	/* No socket at all (the listener closed since this CPU found it): the
+	 * kernel's RST of no socket, which it refuses to an anycast address. */
+	if (state < 0 && syn_dest_subnet_anycast(ctx, p))
+		return XDP_DROP;
 
 	/* The RST's TCP header, then its checksum over the pseudo-header. */
 	tw[0] = SYN_WORD((__u32)p->dport << 16 | p->sport);

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -88,11 +89,11 @@ func (b *Bench) pathCost(ctx context.Context) (*PathCostResult, error) {
 	out, err := cmd.CombinedOutput()
 	res.Benchmarks = parseBenchmarks(out)
 	res.Printed = printedSummary(out)
+	var errs []error
 	if err != nil {
 		res.Output = tail(string(out), 4000)
-		return res, fmt.Errorf("%s: %v", res.Command, err)
-	}
-	if len(res.Benchmarks) == 0 {
+		errs = append(errs, fmt.Errorf("%s: %v", res.Command, err))
+	} else if len(res.Benchmarks) == 0 {
 		res.Note = "internal/datapath has no Benchmark" + pathCostBench + " yet"
 	}
 
@@ -104,9 +105,9 @@ func (b *Bench) pathCost(ctx context.Context) (*PathCostResult, error) {
 	res.Established = parseBenchmarks(out)
 	if err != nil {
 		res.EstablishedOutput = tail(string(out), 4000)
-		return res, fmt.Errorf("%s: %v", res.EstablishedCommand, err)
+		errs = append(errs, fmt.Errorf("%s: %v", res.EstablishedCommand, err))
 	}
-	return res, nil
+	return res, errors.Join(errs...)
 }
 
 func parseBenchmarks(out []byte) []Benchmark {

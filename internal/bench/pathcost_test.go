@@ -47,7 +47,7 @@ ok  	github.com/moat-shield/moat/internal/syncookie	15.009s
 	}
 	var w strings.Builder
 	pathCostMarkdown(&w, &PathCostResult{EstablishedCommand: "go test", Established: pc.Established})
-	if !strings.Contains(w.String(), "costs **+0.2 ns** per packet") || !strings.Contains(w.String(), "| 122.7 ns/pkt |") {
+	if !strings.Contains(w.String(), "takes **+0.2 ns** per packet more") || !strings.Contains(w.String(), "| 122.7 ns/pkt |") {
 		t.Errorf("markdown:\n%s", w.String())
 	}
 	if _, _, ok := (&PathCostResult{}).EstablishedExtra(); ok {

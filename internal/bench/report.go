@@ -488,7 +488,7 @@ func pathCostMarkdown(w *strings.Builder, pc *PathCostResult) {
 	}
 	p("### The SYN defence on established traffic\n\n`%s` (internal/syncookie's BenchmarkPerPacket: BPF_PROG_TEST_RUN of moat_filter in a scratch namespace that holds one established loopback connection, so that socket lookups are real; ns/pkt is nanoseconds per packet).\n\n", pc.EstablishedCommand)
 	if ns, ratio, ok := pc.EstablishedExtra(); ok {
-		p("An established connection's ACK to a port in `auto` mode with no flood costs **%+.1f ns** per packet against the same port unprotected (ratio %.3f; median of 9 rounds, each measuring the two side by side, in alternating order).\n\n", ns, ratio)
+		p("An established connection's ACK to a port in `auto` mode with no flood takes **%+.1f ns** per packet more than with the same port unprotected (ratio %.3f; median of 9 rounds, each measuring the two side by side, in alternating order; a figure within a few nanoseconds of zero is the noise of the measurement).\n\n", ns, ratio)
 	}
 	if len(pc.Established) > 0 {
 		p("| benchmark | figures |\n|---|---|\n")

@@ -222,6 +222,9 @@ func Configure(settings *ebpf.Map, c Config) error {
 		RotationPeriodNs: uint64(c.RotationPeriod),
 		RstRate:          resetRate(c.ResetsPerSec, OnlineCPUs()),
 	}
+	if c.Hold < 0 {
+		return fmt.Errorf("hold %s: must not be negative", c.Hold)
+	}
 	if c.RotationPeriod < 0 {
 		return fmt.Errorf("rotation period %s: must not be negative", c.RotationPeriod)
 	}

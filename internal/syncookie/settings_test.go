@@ -104,4 +104,12 @@ func TestSynAckWindowScaleSetting(t *testing.T) {
 	if err := Configure(objs.SynSettings, Config{WScale: 15}); err == nil || !strings.Contains(err.Error(), "at most 14") {
 		t.Errorf("window scale 15: error %v, want one saying at most 14", err)
 	}
+	// A negative hold would read as one of centuries in the data path's
+	// unsigned settings.
+	if err := Configure(objs.SynSettings, Config{Hold: -time.Second}); err == nil || !strings.Contains(err.Error(), "must not be negative") {
+		t.Errorf("hold -1s: error %v, want one saying it must not be negative", err)
+	}
+	if got := scaleOf(t); got != 9 {
+		t.Errorf("window scale %d after refused settings, want the 9 set before", got)
+	}
 }
