@@ -1443,6 +1443,37 @@ static __always_inline int synack_options(__u32 *w, const struct tcp_opts *o,
 	return i;
 }
 
+/* The first word of a reply's IP header, as IPv6 has it but for the
+ * version: the DS field of p's header at l3 in bits 20-27, over IPv6 with
+ * its flow label in bits 0-19. 0 if the header cannot be read. */
+static __always_inline __u32 syn_ip_word0(struct xdp_md *ctx, __u32 l3, int family)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 w = 0;
+
+	if (l3 <= SYN_MAX_L3_OFF && data + l3 + 4 <= data_end)
+		w = bpf_ntohl(*(__be32 *)(data + l3));
+	if (family == 4)
+		return (w >> 16 & 0xff) << 20;
+	return w & 0xfffffff;
+}
+
+/* The flow label of the kernel's reply to a segment of flow label label
+ * (ip6_make_flowlabel), under the namespace's syn_net_setting bits net:
+ * the segment's where listeners reflect labels and it has one; else,
+ * where auto labels are on, a label of moat's own spread from spread
+ * (something the client sees anyway), as the kernel's comes from a hash,
+ * in the stateless range under flowlabel_state_ranges; else none. */
+static __always_inline __u32 syn_reply_label(__u32 label, __u32 net, __u32 spread)
+{
+	if ((net & SYN_NET_FLOW_REFLECT) && label)
+		return label;
+	if (!(net & SYN_NET_FLOW_AUTO))
+		return 0;
+	return ((spread * 0x9e3779b1u) >> 12) | ((net & SYN_NET_FLOW_STATELESS) ? 0x80000 : 0);
+}
+
 /* Makes the frame a reply to p of tcp_len bytes of TCP: keeps the
  * Ethernet header and VLAN tags with the MAC addresses swapped, resizes
  * the frame to them and a plain IP header (20 bytes, or 40) and the TCP
@@ -1724,27 +1755,15 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 
 	/* The IP header the kernel's SYN-ACK would have (tcp_v4_send_synack,
 	 * tcp_v6_send_synack): the listener's hop limit and DS field, or the
-	 * SYN's DS field under tcp_reflect_tos; over IPv6 the SYN's flow
-	 * label where the listener reflects it, else (and for a SYN of label
-	 * 0) one of moat's own where the kernel would pick one (auto labels). Built in ipw0 as IPv6's
-	 * first word, from the SYN's, read again here rather than kept: the
-	 * SYN path has no stack to spare. */
-	ipw0 = 0;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (l3 <= SYN_MAX_L3_OFF && data + l3 + 4 <= data_end)
-		ipw0 = bpf_ntohl(*(__be32 *)(data + l3));
-	if (p->family == 4)
-		ipw0 = (ipw0 >> 16 & 0xff) << 20;
+	 * SYN's DS field under tcp_reflect_tos; over IPv6 the flow label of
+	 * syn_reply_label, one of moat's own spread from the cookie. Built in
+	 * ipw0 from the SYN's, read again here rather than kept: the SYN path
+	 * has no stack to spare. */
+	ipw0 = syn_ip_word0(ctx, l3, p->family);
 	if (!(net & SYN_NET_REFLECT_TOS))
 		ipw0 = (ipw0 & 0xfffff) | (__u32)st->listener_tos << 20;
-	/* A label of moat's own: spread from the cookie, which the client
-	 * sees anyway, as the kernel's is from a random hash of the request. */
-	if (p->family == 6 && (!(net & SYN_NET_FLOW_REFLECT) || !(ipw0 & 0xfffff)))
-		ipw0 = (ipw0 & 0xff00000) |
-		       ((net & SYN_NET_FLOW_AUTO) ?
-				((bpf_ntohl(tw[1]) * 0x9e3779b1u) >> 12) | ((net & SYN_NET_FLOW_STATELESS) ? 0x80000 : 0) :
-				0);
+	if (p->family == 6)
+		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, net, bpf_ntohl(tw[1]));
 
 	/* Everything past the Ethernet header and tags is rebuilt from what
 	 * was read above. */
@@ -1925,25 +1944,12 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	/* The IP header of the kernel's RST (tcp_v4_send_reset,
 	 * tcp_v6_send_reset), which leaves through the namespace's control
 	 * socket whatever the listener set: the namespace's hop limit; the
-	 * segment's DS field, ECN bits clear; over IPv6 the segment's flow
-	 * label where the listener reflects labels, else (and for a segment
-	 * of label 0) where the kernel would pick one (auto labels) one of
-	 * moat's own, spread from the tuple and the sequence number, as the
-	 * kernel's is from a hash. Built in ipw0 as IPv6's first word, from
-	 * the segment's. */
-	ipw0 = 0;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (l3 <= SYN_MAX_L3_OFF && data + l3 + 4 <= data_end)
-		ipw0 = bpf_ntohl(*(__be32 *)(data + l3));
-	if (p->family == 4)
-		ipw0 = (ipw0 >> 16 & 0xff) << 20;
-	else if (!(st->net_settings & SYN_NET_FLOW_REFLECT) || !(ipw0 & 0xfffff))
-		ipw0 = (ipw0 & 0xff00000) |
-		       ((st->net_settings & SYN_NET_FLOW_AUTO) ?
-				(((bpf_ntohl(seq) ^ tw[0]) * 0x9e3779b1u) >> 12) |
-					((st->net_settings & SYN_NET_FLOW_STATELESS) ? 0x80000 : 0) :
-				0);
+	 * segment's DS field, ECN bits clear; over IPv6 the flow label of
+	 * syn_reply_label, one of moat's own spread from the tuple and the
+	 * sequence number. */
+	ipw0 = syn_ip_word0(ctx, l3, p->family);
+	if (p->family == 6)
+		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, st->net_settings, bpf_ntohl(seq) ^ tw[0]);
 	ttl = syn_default_ttl(ctx, p->family);
 
 	/* The frame cut to the headers (the ACK had both whole, so it only

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
-	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/lab"
 	"github.com/moat-shield/moat/internal/testpkt"
@@ -155,53 +154,29 @@ func TestSubnetRouterAnycastAsTheKernel(t *testing.T) {
 }
 
 // tcpReplies reads the frames that come in on h's first interface and
-// returns a function that waits up to 700 ms for TCP segments from port to
-// the client port dport, and says which flags the first one had ("SA",
-// "R", ...; "" for none).
+// returns a function that waits up to 700 ms for a TCP segment from port
+// to the client port dport, and says which flags it had ("SA", "R", ...;
+// "" for none).
 func tcpReplies(t *testing.T, h *lab.Host, port uint16) func(dport uint16) string {
 	t.Helper()
-	var fd int
-	if err := h.Do(func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(hostToNet16(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: hostToNet16(unix.ETH_P_ALL), Ifindex: h.Ifaces[0].Index})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		t.Fatal(err)
-	}
+	frames := newFrameReader(t, h)
 	return func(dport uint16) string {
-		buf := make([]byte, 2048)
-		for deadline := time.Now().Add(700 * time.Millisecond); time.Now().Before(deadline); {
-			n, from, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil {
-				continue
+		flags := ""
+		frames.until(700*time.Millisecond, func(_ gopacket.Packet, tcp *layers.TCP, sent bool) bool {
+			if sent || uint16(tcp.SrcPort) != port || uint16(tcp.DstPort) != dport {
+				return false
 			}
-			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-				continue
+			for _, f := range []struct {
+				on bool
+				s  string
+			}{{tcp.SYN, "S"}, {tcp.ACK, "A"}, {tcp.RST, "R"}} {
+				if f.on {
+					flags += f.s
+				}
 			}
-			tcp, ok := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default).Layer(layers.LayerTypeTCP).(*layers.TCP)
-			if !ok || uint16(tcp.SrcPort) != port || uint16(tcp.DstPort) != dport {
-				continue
-			}
-			flags := ""
-			if tcp.SYN {
-				flags += "S"
-			}
-			if tcp.ACK {
-				flags += "A"
-			}
-			if tcp.RST {
-				flags += "R"
-			}
-			return flags
-		}
-		return ""
+			return true
+		})
+		return flags
 	}
 }
 

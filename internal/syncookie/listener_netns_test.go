@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"syscall"
 	"testing"
 	"time"
 
@@ -295,15 +294,8 @@ func TestHandshakeFitsTheDeviceMTU(t *testing.T) {
 // listener's SYNs to the kernel.
 func (s *shielded) listenTCP(t *testing.T, network string, port uint16, opt func(fd int) error) net.Listener {
 	t.Helper()
-	var lcfg net.ListenConfig
+	lcfg := net.ListenConfig{Control: socketOpt(opt)}
 	lcfg.SetMultipathTCP(false)
-	lcfg.Control = func(_, _ string, c syscall.RawConn) error {
-		var err error
-		if opt != nil {
-			c.Control(func(fd uintptr) { err = opt(int(fd)) })
-		}
-		return err
-	}
 	wildcard := netip.IPv4Unspecified()
 	if network == "tcp6" {
 		wildcard = netip.IPv6Unspecified()

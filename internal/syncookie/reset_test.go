@@ -15,7 +15,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
-	"golang.org/x/sys/unix"
 
 	"github.com/moat-shield/moat/internal/datapath"
 	"github.com/moat-shield/moat/internal/testpkt"
@@ -301,17 +300,7 @@ func TestGoneConnectionIsReset(t *testing.T) {
 			if _, err := io.ReadFull(c, buf); err != nil {
 				t.Fatal(err)
 			}
-			// The server forgets the connection without a word.
-			raw, err := srv.SyscallConn()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var serr error
-			raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
-			if serr != nil {
-				t.Fatalf("TCP_REPAIR: %v", serr)
-			}
-			srv.Close()
+			forget(t, srv) // the server forgets the connection without a word
 
 			before := s.status(t)
 			c.SetDeadline(time.Now().Add(1500 * time.Millisecond))

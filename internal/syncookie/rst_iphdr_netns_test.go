@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -39,20 +38,8 @@ func resetOfGoneConnection(t *testing.T, s *shielded, network string, addr netip
 			acc <- c
 		}
 	}()
-	var c net.Conn
-	if err := s.lab.Client.Do(func() (err error) {
-		d := net.Dialer{Timeout: 3 * time.Second}
-		d.SetMultipathTCP(false)
-		d.Control = func(_, _ string, rc syscall.RawConn) error {
-			var e error
-			if opt != nil {
-				rc.Control(func(fd uintptr) { e = opt(int(fd)) })
-			}
-			return e
-		}
-		c, err = d.Dial(network, netip.AddrPortFrom(addr, port).String())
-		return err
-	}); err != nil {
+	c, err := dialWith(s.lab.Client, network, addr, port, opt, 3*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
@@ -77,33 +64,8 @@ func resetOfGoneConnection(t *testing.T, s *shielded, network string, addr netip
 	if _, err := io.ReadFull(c, buf); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := srv.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var serr error
-	raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
-	if serr != nil {
-		t.Fatalf("TCP_REPAIR: %v", serr)
-	}
-	srv.Close()
-
-	var fd int
-	if err := s.lab.Client.Do(func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(hostToNet16(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: hostToNet16(unix.ETH_P_ALL),
-			Ifindex: s.lab.Client.Ifaces[0].Index})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		t.Fatal(err)
-	}
+	forget(t, srv)
+	frames := newFrameReader(t, s.lab.Client)
 	c.SetDeadline(time.Now().Add(1500 * time.Millisecond))
 	_, werr := c.Write([]byte("two"))
 	var rerr error
@@ -112,33 +74,16 @@ func resetOfGoneConnection(t *testing.T, s *shielded, network string, addr netip
 	}
 	var got resetHeader
 	got.reset = errors.Is(werr, syscall.ECONNRESET) || errors.Is(rerr, syscall.ECONNRESET)
-	pbuf := make([]byte, 2048)
-	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
-		n, _, err := unix.Recvfrom(fd, pbuf, 0)
-		if err != nil {
-			continue
-		}
-		pkt := gopacket.NewPacket(pbuf[:n], layers.LayerTypeEthernet, gopacket.Default)
-		tcp, ok := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
-		if !ok {
-			continue
-		}
-		ip6, _ := pkt.Layer(layers.LayerTypeIPv6).(*layers.IPv6)
-		ip4, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	v6 := addr.Is6()
+	frames.until(time.Second, func(pkt gopacket.Packet, tcp *layers.TCP, _ bool) bool {
 		switch {
 		case uint16(tcp.SrcPort) == port && tcp.RST && got.ttl == 0:
-			if ip6 != nil {
-				got.ttl, got.ds, got.flow = ip6.HopLimit, ip6.TrafficClass, ip6.FlowLabel
-			} else {
-				got.ttl, got.ds = ip4.TTL, ip4.TOS
-			}
-		case uint16(tcp.DstPort) == port && len(tcp.Payload) > 0 && ip6 != nil && got.ownFlow == 0:
-			got.ownFlow = ip6.FlowLabel
+			got.ttl, got.ds, got.flow = ipHeader(pkt)
+		case uint16(tcp.DstPort) == port && len(tcp.Payload) > 0 && v6 && got.ownFlow == 0:
+			_, _, got.ownFlow = ipHeader(pkt)
 		}
-		if got.ttl != 0 && (ip6 == nil || got.ownFlow != 0) {
-			break
-		}
-	}
+		return got.ttl != 0 && (!v6 || got.ownFlow != 0)
+	})
 	if got.ttl == 0 {
 		t.Fatalf("no RST from %v (write %v, read %v)", netip.AddrPortFrom(addr, port), werr, rerr)
 	}
@@ -155,12 +100,6 @@ func resetOfGoneConnection(t *testing.T, s *shielded, network string, addr netip
 func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 	s := newShielded(t, ModeNever)
 	serverIf := s.lab.Client.Ifaces[0]
-	sysctl := func(path, val string) {
-		t.Helper()
-		if err := s.lab.Server.Do(func() error { return os.WriteFile(path, []byte(val), 0) }); err != nil {
-			t.Fatal(err)
-		}
-	}
 	port := uint16(labPort + 100)
 	for _, tc := range []struct {
 		name    string
@@ -190,7 +129,7 @@ func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sc := range tc.sysctls {
-				sysctl(sc[0], sc[1]) // the lab's namespace goes with the test
+				s.sysctl(t, sc[0], sc[1])
 			}
 			port++
 			network, addr := "tcp4", serverIf.PeerIPv4

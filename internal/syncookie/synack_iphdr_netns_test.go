@@ -1,10 +1,7 @@
 package syncookie
 
 import (
-	"net"
 	"net/netip"
-	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,68 +25,24 @@ type synAckHeader struct {
 // came back (a frame of the client's own interface, read with AF_PACKET).
 func firstSynAck(t *testing.T, h *lab.Host, addr netip.Addr, port uint16, opt func(fd int) error) synAckHeader {
 	t.Helper()
-	var fd int
-	if err := h.Do(func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(hostToNet16(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: hostToNet16(unix.ETH_P_ALL), Ifindex: h.Ifaces[0].Index})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		t.Fatal(err)
-	}
+	frames := newFrameReader(t, h)
 	var got synAckHeader
-	var c net.Conn
-	err := h.Do(func() (err error) {
-		d := net.Dialer{Timeout: 2 * time.Second}
-		d.SetMultipathTCP(false)
-		d.Control = func(_, _ string, rc syscall.RawConn) error {
-			var e error
-			if opt != nil {
-				rc.Control(func(fd uintptr) { e = opt(int(fd)) })
-			}
-			return e
-		}
-		c, err = d.Dial("tcp", netip.AddrPortFrom(addr, port).String())
-		return err
-	})
+	c, err := dialWith(h, "tcp", addr, port, opt, 2*time.Second)
 	got.connected = err == nil
 	if c != nil {
 		c.Write([]byte("x"))
 		defer c.Close()
 	}
-	buf := make([]byte, 2048)
-	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
-		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			continue
-		}
-		pkt := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default)
-		tcp, ok := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
-		if !ok {
-			continue
-		}
-		ip6, _ := pkt.Layer(layers.LayerTypeIPv6).(*layers.IPv6)
-		ip4, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	v6 := addr.Is6()
+	frames.until(time.Second, func(pkt gopacket.Packet, tcp *layers.TCP, _ bool) bool {
 		switch {
 		case uint16(tcp.SrcPort) == port && tcp.SYN && tcp.ACK && got.ttl == 0:
-			if ip6 != nil {
-				got.ttl, got.ds, got.flow = ip6.HopLimit, ip6.TrafficClass, ip6.FlowLabel
-			} else {
-				got.ttl, got.ds = ip4.TTL, ip4.TOS
-			}
-		case uint16(tcp.DstPort) == port && !tcp.SYN && ip6 != nil && got.ownFlow == 0:
-			got.ownFlow = ip6.FlowLabel
+			got.ttl, got.ds, got.flow = ipHeader(pkt)
+		case uint16(tcp.DstPort) == port && !tcp.SYN && v6 && got.ownFlow == 0:
+			_, _, got.ownFlow = ipHeader(pkt)
 		}
-		if got.ttl != 0 && (ip6 == nil || got.ownFlow != 0 || !got.connected) {
-			break
-		}
-	}
+		return got.ttl != 0 && (!v6 || got.ownFlow != 0 || !got.connected)
+	})
 	if got.ttl == 0 {
 		t.Fatalf("no SYN-ACK from %v", netip.AddrPortFrom(addr, port))
 	}
@@ -107,12 +60,6 @@ func firstSynAck(t *testing.T, h *lab.Host, addr netip.Addr, port uint16, opt fu
 func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 	s := newShielded(t, ModeNever)
 	serverIf := s.lab.Client.Ifaces[0]
-	sysctl := func(path, val string) {
-		t.Helper()
-		if err := s.lab.Server.Do(func() error { return os.WriteFile(path, []byte(val), 0) }); err != nil {
-			t.Fatal(err)
-		}
-	}
 	port := uint16(labPort)
 	for _, tc := range []struct {
 		name       string
@@ -148,7 +95,7 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sc := range tc.sysctls {
-				sysctl(sc[0], sc[1]) // the lab's namespace goes with the test
+				s.sysctl(t, sc[0], sc[1])
 			}
 			port++
 			network, addr := "tcp4", serverIf.PeerIPv4
@@ -211,5 +158,3 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 		})
 	}
 }
-
-func hostToNet16(v uint16) uint16 { return v<<8 | v>>8 }
