@@ -181,7 +181,6 @@ struct xdp_buff___moat {
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
-
 /* What the SYN path reads of a listener: its TCP_MAXSEG (user_mss), its
  * window clamp, its receive buffer, and the share of a buffer's bytes the
  * kernel reckons as window (scaling_ratio, in 256ths; kernels before 6.7
