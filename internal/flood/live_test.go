@@ -9,7 +9,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -140,6 +142,37 @@ func (l *vethLab) attachCounter(t testing.TB, pass bool) *Counter {
 	return c
 }
 
+// refused is how many frames the receiving end's rings have refused (full)
+// since the pair was made: the sending veth's tx_queue_*_xdp_xmit_errors.
+func (l *vethLab) refused(t testing.TB) uint64 {
+	t.Helper()
+	var out []byte
+	if err := inNetns(l.sendNS, func() (err error) {
+		out, err = exec.Command("ethtool", "-S", l.sendName).CombinedOutput()
+		return err
+	}); err != nil {
+		t.Fatalf("ethtool -S %s: %v: %s", l.sendName, err, out)
+	}
+	var n uint64
+	found := false
+	for _, line := range strings.Split(string(out), "\n") {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "tx_queue_") || !strings.HasSuffix(name, "_xdp_xmit_errors") {
+			continue
+		}
+		v, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
+		if err != nil {
+			t.Fatalf("ethtool -S %s: %q", l.sendName, line)
+		}
+		n += v
+		found = true
+	}
+	if !found {
+		t.Fatalf("ethtool -S %s shows no tx_queue_*_xdp_xmit_errors", l.sendName)
+	}
+	return n
+}
+
 // flood runs Run from the sending namespace.
 func (l *vethLab) flood(ctx context.Context, cfg Config) (Result, error) {
 	cfg.IfIndex = l.sendIndex
@@ -188,6 +221,7 @@ func TestLiveExactCount(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			refusedBefore := l.refused(t)
 			res, err := l.flood(context.Background(), tc.cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -206,12 +240,28 @@ func TestLiveExactCount(t *testing.T) {
 					t.Errorf("receiver counted %d of the expected kind and %d in all (%+v), want %d",
 						got, all, after, tc.cfg.Count)
 				}
-			} else if got != all || got > tc.cfg.Count || got < tc.cfg.Count*95/100 {
+			} else {
 				// Two senders can overflow the receiving veth's ring when
-				// other work holds its CPU: the generator's own count is
-				// exact (above), the receiver may miss a few, never see more.
-				t.Errorf("receiver counted %d of the expected kind and %d in all (%+v), want %d (at least 95%%)",
-					got, all, after, tc.cfg.Count)
+				// other work holds its CPU (the other packages' tests, in
+				// make test): the receiver counts what the ring took, the
+				// sending veth what it refused, and the two add up to
+				// what the generator sent.
+				refused := l.refused(t) - refusedBefore
+				// Frames still in the rings when Run returns are counted
+				// as the receiver takes them.
+				for deadline := time.Now().Add(2 * time.Second); got+refused < tc.cfg.Count && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+					if after, err = counter.Counts(); err != nil {
+						t.Fatal(err)
+					}
+					got, all = tc.field(after)-tc.field(before), after.Total()-before.Total()
+					refused = l.refused(t) - refusedBefore
+				}
+				t.Logf("received %d, the ring refused %d", got, refused)
+				if got != all || got+refused != tc.cfg.Count || got < tc.cfg.Count/2 {
+					t.Errorf("receiver counted %d of the expected kind and %d in all (%+v), the ring refused %d; want %d in all, at least half of them received",
+						got, all, after, refused, tc.cfg.Count)
+				}
 			}
 			if res.Elapsed <= 0 || res.PPS <= 0 {
 				t.Errorf("result %+v has no time or rate", res)
