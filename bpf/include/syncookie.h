@@ -88,11 +88,8 @@ struct netns_sysctl_ipv6___moat {
 	int flowlabel_reflect;
 } __attribute__((preserve_access_index));
 
-struct ipv6_devconf___moat;
-
 struct netns_ipv6___moat {
 	struct netns_sysctl_ipv6___moat sysctl;
-	struct ipv6_devconf___moat *devconf_all; /* net.ipv6.conf.all */
 } __attribute__((preserve_access_index));
 
 /* The netfilter hooks of a namespace (struct netns_nf), as far as moat
@@ -1302,9 +1299,9 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
  * still gets the listener's RST: only a RST of no socket is refused.) Told
  * apart by the interface identifier of a /64, the prefix length of all but
  * point-to-point links, where the device the packet came in by forwards
- * IPv6, or the namespace's conf.all does (the prefix may be on another
- * device: a bridge above moat's port, lo): on a host that does not
- * forward, an address with a zero interface identifier is unicast, and its
+ * IPv6 (conf.all sets every device's; the prefix may be on another
+ * device that alone forwards, a bridge above moat's port, which is not
+ * seen): on a host that does not forward, an address with a zero interface identifier is unicast, and its
  * SYNs get moat's cookies. Where it forwards, RFC 6164's /127 or a /128
  * (whose ::0 address the kernel keeps unicast) has its SYNs left to the
  * kernel; an anycast address of a longer prefix, or one a socket joined
@@ -1312,20 +1309,13 @@ static __always_inline int syn_addrs_unicast(const struct ethhdr *eth, const str
 static __always_inline int syn_dest_subnet_anycast(struct xdp_md *ctx, const struct packet *p)
 {
 	struct xdp_buff___moat *xdp;
-	struct net_device___moat *dev;
 
 	if (p->family != 6 || syn_addr_half(p->daddr, 1) != 0)
 		return 0;
 	xdp = bpf_cast_to_kern_ctx(ctx);
 	if (!xdp || !xdp->rxq || !xdp->rxq->dev)
 		return 1; /* cannot tell: as the kernel on a router */
-	dev = xdp->rxq->dev;
-	if (dev->ip6_ptr && dev->ip6_ptr->cnf.forwarding > 0)
-		return 1;
-	if (!bpf_core_field_exists(dev->nd_net.net) || !dev->nd_net.net ||
-	    !bpf_core_field_exists(dev->nd_net.net->ipv6.devconf_all) || !dev->nd_net.net->ipv6.devconf_all)
-		return 0;
-	return dev->nd_net.net->ipv6.devconf_all->forwarding > 0;
+	return xdp->rxq->dev->ip6_ptr && xdp->rxq->dev->ip6_ptr->cnf.forwarding > 0;
 }
 
 /* Auto mode: counts the SYN in this CPU's window and says whether the
@@ -1338,10 +1328,6 @@ static __always_inline int syn_flooding(struct syn_port *port, struct syn_port_s
 {
 	__u64 hold = cfg->hold_ns ? cfg->hold_ns : SYN_DEFAULT_HOLD_NS;
 
-	/* No shorter than a window: a window over the threshold would turn
-	 * the port back to cookies at every SYN that the hold turned off. */
-	if ((__s64)hold < (__s64)SYN_WINDOW_NS)
-		hold = SYN_WINDOW_NS;
 	if (now - st->win_start_ns >= SYN_WINDOW_NS) {
 		st->win_start_ns = now;
 		st->win_syns = 0;
@@ -1477,14 +1463,17 @@ static __always_inline __u32 syn_reply_label(__u32 label, __u32 net, __u32 sprea
  * Ethernet header and VLAN tags with the MAC addresses swapped, resizes
  * the frame to them and a plain IP header (20 bytes, or 40) and the TCP
  * bytes, and writes that IP header from p's addresses, swapped, with hop
- * limit ttl, DS field tos and (IPv6) flow label flow. A frame shorter
+ * limit ttl (SYNACK_TTL where 0) and, from w0, a first word as
+ * syn_ip_word0 gives it, the DS field with its ECN bits clear and (IPv6)
+ * the flow label. A frame shorter
  * than the reply grows at the head, where XDP always has room; tailroom
  * is not guaranteed (veth has none). Returns 0 with *th at the TCP header
  * and *end at the frame's end; SYN_CONTINUE when the frame is as it was;
  * XDP_DROP when it was resized but could not be filled. */
 static __always_inline int syn_reply_frame(struct xdp_md *ctx, const struct packet *p, __u32 tcp_len,
-					   struct tcphdr **th, void **end, __u8 ttl, __u8 tos, __u32 flow)
+					   struct tcphdr **th, void **end, __u8 ttl, __u32 w0)
 {
+	__u8 tos = (w0 >> 20) & 0xfc;
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	__u32 dst_mac, src_mac, len, l3 = p->l3_off;
@@ -1527,17 +1516,17 @@ static __always_inline int syn_reply_frame(struct xdp_md *ctx, const struct pack
 	if (p->family == 4) {
 		__u32 *ip = data + l3;
 		/* Version 4, header length 5, TOS; ID 0 and DF. */
-		__u32 w0 = SYN_WORD(0x45 << 24 | (__u32)tos << 16 | (sizeof(struct iphdr) + tcp_len));
+		__u32 v0 = SYN_WORD(0x45 << 24 | (__u32)tos << 16 | (sizeof(struct iphdr) + tcp_len));
 		__u32 w1 = SYN_WORD(0x4000);
-		__u16 ttl_proto = bpf_htons((__u16)ttl << 8 | IPPROTO_TCP);
+		__u16 ttl_proto = bpf_htons((__u16)(ttl ? ttl : SYNACK_TTL) << 8 | IPPROTO_TCP);
 		__u32 saddr = *(const __u32 *)p->daddr, daddr = *(const __u32 *)p->saddr;
 
 		if ((void *)(ip + 5) > data_end)
 			return XDP_DROP;
-		ip[0] = w0;
+		ip[0] = v0;
 		ip[1] = w1;
 		ip[2] = syn_word_halves(ttl_proto,
-					csum_fold32((__u64)w0 + w1 + syn_word_halves(ttl_proto, 0) + saddr + daddr));
+					csum_fold32((__u64)v0 + w1 + syn_word_halves(ttl_proto, 0) + saddr + daddr));
 		ip[3] = saddr;
 		ip[4] = daddr;
 		*th = (void *)(ip + 5);
@@ -1547,10 +1536,10 @@ static __always_inline int syn_reply_frame(struct xdp_md *ctx, const struct pack
 		if ((void *)(ip6h + 1) > data_end)
 			return XDP_DROP;
 		/* Version 6, traffic class, flow label. */
-		*(__be32 *)ip6h = bpf_htonl(0x60000000 | (__u32)tos << 20 | (flow & 0xfffff));
+		*(__be32 *)ip6h = bpf_htonl(0x60000000 | (__u32)tos << 20 | (w0 & 0xfffff));
 		ip6h->payload_len = bpf_htons(tcp_len);
 		ip6h->nexthdr = IPPROTO_TCP;
-		ip6h->hop_limit = ttl;
+		ip6h->hop_limit = ttl ? ttl : SYNACK_TTL;
 		__builtin_memcpy(&ip6h->saddr, p->daddr, 16);
 		__builtin_memcpy(&ip6h->daddr, p->saddr, 16);
 		*th = (void *)(ip6h + 1);
@@ -1766,8 +1755,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 
 	/* Everything past the Ethernet header and tags is rebuilt from what
 	 * was read above. */
-	ret = syn_reply_frame(ctx, p, tcp_len, &th, &data_end, st->listener_ttl ? st->listener_ttl : SYNACK_TTL,
-			      (ipw0 >> 20) & 0xfc, ipw0 & 0xfffff);
+	ret = syn_reply_frame(ctx, p, tcp_len, &th, &data_end, st->listener_ttl, ipw0);
 	if (ret)
 		return ret;
 	((__u32 *)th)[0] = tw[0];
@@ -1885,7 +1873,6 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	__be32 seq;
 	__u64 sum;
 	int state;
-	__u8 ttl;
 
 	if (!ctx || !p || !st)
 		return XDP_DROP;
@@ -1949,12 +1936,10 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	ipw0 = syn_ip_word0(ctx, l3, p->family);
 	if (p->family == 6)
 		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, st->net_settings, bpf_ntohl(seq) ^ tw[0]);
-	ttl = syn_default_ttl(ctx, p->family);
 
 	/* The frame cut to the headers (the ACK had both whole, so it only
 	 * shrinks), everything past the Ethernet header and tags rebuilt. */
-	if (syn_reply_frame(ctx, p, sizeof(*th), &th, &data_end, ttl ? ttl : SYNACK_TTL, (ipw0 >> 20) & 0xfc,
-			    ipw0 & 0xfffff))
+	if (syn_reply_frame(ctx, p, sizeof(*th), &th, &data_end, syn_default_ttl(ctx, p->family), ipw0))
 		return XDP_DROP;
 	((__u32 *)th)[0] = tw[0];
 	((__u32 *)th)[1] = tw[1];

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -75,25 +74,11 @@ func vethStat(ctx context.Context, h *lab.Host, ifname, prefix, suffix string) (
 	if err != nil {
 		return 0, fmt.Errorf("ethtool -S %s: %v: %s", ifname, err, out)
 	}
-	var total uint64
-	found := false
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		name, val, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, suffix) {
-			continue
-		}
-		n, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("ethtool -S: %q: %w", sc.Text(), err)
-		}
-		total += n
-		found = true
+	n, err := lab.SumEthtoolStats(out, prefix, suffix)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", ifname, err)
 	}
-	if !found {
-		return 0, fmt.Errorf("ethtool -S %s shows no %s*%s counter", ifname, prefix, suffix)
-	}
-	return total, nil
+	return n, nil
 }
 
 // moatRx is moat's own filter, attached through the shield like

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/moat-shield/moat/internal/lab"
 )
 
 // newNetns creates an anonymous network namespace that lives until the
@@ -153,22 +154,9 @@ func (l *vethLab) refused(t testing.TB) uint64 {
 	}); err != nil {
 		t.Fatalf("ethtool -S %s: %v: %s", l.sendName, err, out)
 	}
-	var n uint64
-	found := false
-	for _, line := range strings.Split(string(out), "\n") {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "tx_queue_") || !strings.HasSuffix(name, "_xdp_xmit_errors") {
-			continue
-		}
-		v, err := strconv.ParseUint(strings.TrimSpace(val), 10, 64)
-		if err != nil {
-			t.Fatalf("ethtool -S %s: %q", l.sendName, line)
-		}
-		n += v
-		found = true
-	}
-	if !found {
-		t.Fatalf("ethtool -S %s shows no tx_queue_*_xdp_xmit_errors", l.sendName)
+	n, err := lab.SumEthtoolStats(out, "tx_queue_", "_xdp_xmit_errors")
+	if err != nil {
+		t.Fatalf("%s: %v", l.sendName, err)
 	}
 	return n
 }

@@ -110,9 +110,7 @@ func TestSubnetRouterAnycastAsTheKernel(t *testing.T) {
 	replies := tcpReplies(t, s.lab.Client, port)
 	srcPort := uint16(40000)
 	for _, m := range []Mode{ModeNever, ModeAlways} {
-		if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, port, m, 0); err != nil {
-			t.Fatal(err)
-		}
+		s.protect(t, port, m)
 		for _, tc := range []struct {
 			dst       netip.Addr
 			syn       bool
@@ -140,15 +138,7 @@ func TestSubnetRouterAnycastAsTheKernel(t *testing.T) {
 			}
 		}
 	}
-	all, err := Status(s.objs.SynPorts, s.objs.SynCounters)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(all, func(p PortStatus) bool { return p.Port == port })
-	if i < 0 {
-		t.Fatalf("tcp/%d missing from status %+v", port, all)
-	}
-	if p := all[i]; p.CookiesIssued != 1 || p.SYNsPassed != 1 || p.ResetsSent != 2 {
+	if p := portStatus(t, s.objs, port); p.CookiesIssued != 1 || p.SYNsPassed != 1 || p.ResetsSent != 2 {
 		t.Errorf("always mode: %+v; want 1 cookie issued, 1 SYN passed (anycast), 2 RSTs sent", p)
 	}
 }

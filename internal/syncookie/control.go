@@ -76,6 +76,9 @@ const DefaultThreshold = 2000
 // windowsPerSecond matches SYN_WINDOW_NS (100 ms) in syn_structs.h.
 const windowsPerSecond = 10
 
+// synWindow is auto mode's window of SYN counting (SYN_WINDOW_NS).
+const synWindow = time.Second / windowsPerSecond
+
 func (m Mode) String() string {
 	switch m {
 	case ModeOff:
@@ -224,6 +227,12 @@ func Configure(settings *ebpf.Map, c Config) error {
 	}
 	if c.Hold < 0 {
 		return fmt.Errorf("hold %s: must not be negative", c.Hold)
+	}
+	// A hold shorter than a window would let a window over the threshold
+	// turn the port back to cookies at every SYN after the hold turned
+	// them off (syn_flooding): it holds a window at least.
+	if c.Hold > 0 && c.Hold < synWindow {
+		v.HoldNs = uint64(synWindow)
 	}
 	if c.RotationPeriod < 0 {
 		return fmt.Errorf("rotation period %s: must not be negative", c.RotationPeriod)

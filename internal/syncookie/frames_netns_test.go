@@ -87,6 +87,23 @@ func forget(t *testing.T, srv net.Conn) {
 	srv.Close()
 }
 
+// protect protects port in mode m (auto mode's default threshold).
+func (s *shielded) protect(t *testing.T, port uint16, m Mode) {
+	t.Helper()
+	if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, port, m, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serverAddr is the server's address on the client's link in network's
+// family (tcp4 or tcp6).
+func (s *shielded) serverAddr(network string) netip.Addr {
+	if network == "tcp6" {
+		return s.lab.Client.Ifaces[0].PeerIPv6
+	}
+	return s.lab.Client.Ifaces[0].PeerIPv4
+}
+
 // sysctl writes a sysctl of the server's namespace, which goes with the lab.
 func (s *shielded) sysctl(t *testing.T, path, val string) {
 	t.Helper()

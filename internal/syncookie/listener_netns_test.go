@@ -314,10 +314,7 @@ func (s *shielded) listenTCP(t *testing.T, network string, port uint16, opt func
 // (tcp4 or tcp6).
 func (s *shielded) dialTCP(t *testing.T, network string, port uint16) net.Conn {
 	t.Helper()
-	addr := s.lab.Client.Ifaces[0].PeerIPv4
-	if network == "tcp6" {
-		addr = s.lab.Client.Ifaces[0].PeerIPv6
-	}
+	addr := s.serverAddr(network)
 	var c net.Conn
 	if err := s.lab.Client.Do(func() (err error) {
 		c, err = net.DialTimeout(network, netip.AddrPortFrom(addr, port).String(), 5*time.Second)

@@ -99,7 +99,6 @@ func resetOfGoneConnection(t *testing.T, s *shielded, network string, addr netip
 // (flowlabel_reflect) or a label of its own (auto labels), none without.
 func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 	s := newShielded(t, ModeNever)
-	serverIf := s.lab.Client.Ifaces[0]
 	port := uint16(labPort + 100)
 	for _, tc := range []struct {
 		name    string
@@ -132,30 +131,17 @@ func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 				s.sysctl(t, sc[0], sc[1])
 			}
 			port++
-			network, addr := "tcp4", serverIf.PeerIPv4
+			network := "tcp4"
 			if tc.v6 {
-				network, addr = "tcp6", serverIf.PeerIPv6
+				network = "tcp6"
 			}
-			protect := func(m Mode) {
-				if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, port, m, 0); err != nil {
-					t.Fatal(err)
-				}
-			}
-			resets := func() uint64 {
-				st, _ := Status(s.objs.SynPorts, s.objs.SynCounters)
-				for _, p := range st {
-					if p.Port == port {
-						return p.ResetsSent
-					}
-				}
-				return 0
-			}
-			protect(ModeNever)
+			addr := s.serverAddr(network)
+			s.protect(t, port, ModeNever)
 			kernel := resetOfGoneConnection(t, s, network, addr, port, tc.client)
-			protect(ModeAlways)
-			before := resets()
+			s.protect(t, port, ModeAlways)
+			before := portStatus(t, s.objs, port).ResetsSent
 			moat := resetOfGoneConnection(t, s, network, addr, port, tc.client)
-			after := resets()
+			after := portStatus(t, s.objs, port).ResetsSent
 			t.Logf("kernel %+v, moat %+v", kernel, moat)
 			if !kernel.reset || !moat.reset {
 				t.Fatalf("connection reset: by the kernel's RST %t, by moat's %t", kernel.reset, moat.reset)

@@ -112,4 +112,15 @@ func TestSynAckWindowScaleSetting(t *testing.T) {
 	if got := scaleOf(t); got != 9 {
 		t.Errorf("window scale %d after refused settings, want the 9 set before", got)
 	}
+	// A hold shorter than auto mode's window of SYN counting holds a window.
+	if err := Configure(objs.SynSettings, Config{Hold: 30 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	var v datapath.MoatSynConfig
+	if err := objs.SynSettings.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.HoldNs != uint64(100*time.Millisecond) {
+		t.Errorf("hold 30ms written as %v, want 100ms", time.Duration(v.HoldNs))
+	}
 }

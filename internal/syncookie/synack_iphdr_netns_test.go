@@ -59,7 +59,6 @@ func firstSynAck(t *testing.T, h *lab.Host, addr netip.Addr, port uint16, opt fu
 // IP_MINTTL 255), which the kernel's SYN-ACK reaches, never connected.
 func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 	s := newShielded(t, ModeNever)
-	serverIf := s.lab.Client.Ifaces[0]
 	port := uint16(labPort)
 	for _, tc := range []struct {
 		name       string
@@ -98,10 +97,11 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 				s.sysctl(t, sc[0], sc[1])
 			}
 			port++
-			network, addr := "tcp4", serverIf.PeerIPv4
+			network := "tcp4"
 			if tc.v6 {
-				network, addr = "tcp6", serverIf.PeerIPv6
+				network = "tcp6"
 			}
+			addr := s.serverAddr(network)
 			ln := s.listenTCP(t, network, port, tc.listener)
 			defer ln.Close()
 			go func() {
@@ -113,33 +113,20 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 					c.Close()
 				}
 			}()
-			protect := func(m Mode) {
-				if err := Protect(s.objs.SynPorts, s.objs.SynCounters, s.objs.SynCensus, port, m, 0); err != nil {
-					t.Fatal(err)
-				}
-			}
-			protect(ModeNever)
+			s.protect(t, port, ModeNever)
 			kernel := firstSynAck(t, s.lab.Client, addr, port, tc.client)
-			protect(ModeAlways)
-			before, _ := Status(s.objs.SynPorts, s.objs.SynCounters)
+			s.protect(t, port, ModeAlways)
+			before := portStatus(t, s.objs, port).CookiesIssued
 			moat := firstSynAck(t, s.lab.Client, addr, port, tc.client)
-			after, _ := Status(s.objs.SynPorts, s.objs.SynCounters)
+			after := portStatus(t, s.objs, port).CookiesIssued
 			t.Logf("kernel %+v, moat %+v", kernel, moat)
-			issued := func(st []PortStatus) uint64 {
-				for _, p := range st {
-					if p.Port == port {
-						return p.CookiesIssued
-					}
-				}
-				return 0
-			}
 			if !kernel.connected {
 				t.Fatal("the kernel's handshake failed")
 			}
 			if !moat.connected {
 				t.Error("the client did not connect through moat's SYN-ACK")
 			}
-			if issued(after) == issued(before) {
+			if after == before {
 				t.Fatal("moat issued no cookie: the SYN-ACK was the kernel's")
 			}
 			if moat.ttl != kernel.ttl || moat.ds != kernel.ds {
