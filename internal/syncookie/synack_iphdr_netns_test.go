@@ -67,6 +67,7 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 		listener   func(fd int) error
 		client     func(fd int) error
 		reflectsFl bool
+		stateless  bool // labels of the kernel's own choosing have their top bit set
 	}{
 		{name: "ipv4 defaults"},
 		{name: "ipv6 defaults", v6: true},
@@ -91,6 +92,8 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 			client: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, 0x48) }},
 		{name: "ipv6 flowlabel_reflect", v6: true, reflectsFl: true,
 			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
+		{name: "ipv6 flowlabel_state_ranges", v6: true, stateless: true,
+			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}, {"/proc/sys/net/ipv6/flowlabel_state_ranges", "1"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sc := range tc.sysctls {
@@ -141,6 +144,9 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 			}
 			if moat.flow == 0 && kernel.flow != 0 {
 				t.Errorf("moat's SYN-ACK has no flow label, the kernel's %#x", kernel.flow)
+			}
+			if tc.stateless && (moat.flow&0x80000 == 0 || kernel.flow&0x80000 == 0) {
+				t.Errorf("flow labels outside the stateless range: moat's SYN-ACK %#x, the kernel's %#x", moat.flow, kernel.flow)
 			}
 		})
 	}
