@@ -144,7 +144,21 @@ struct inet_sock___moat {
 	struct ipv6_pinfo___moat *pinet6;
 	__s16 uc_ttl;
 	__u8 tos;
+	unsigned long inet_flags; /* Linux 6.6 and later */
 } __attribute__((preserve_access_index));
+
+/* The numbers of three bits of inet_flags, the socket's own choices of
+ * IPv6 flow label: REPFLOW (reflect the peer's label: flowlabel_reflect
+ * bit 0 when the socket was made, or IPV6_FL_F_REFLECT), AUTOFLOWLABEL
+ * and AUTOFLOWLABEL_SET (IPV6_AUTOFLOWLABEL, where the socket set it).
+ * They name members of an anonymous enum (INET_FLAGS_*), which CO-RE
+ * cannot relocate: the loader reads them from the kernel's BTF
+ * (syncookie.SetKernelConstants). 0xff: not known, and the namespace's
+ * sysctls stand for the listener's choices, as they do for a listener
+ * that made none since they last changed. */
+volatile const __u8 inet_flag_repflow = 0xff;
+volatile const __u8 inet_flag_autoflowlabel = 0xff;
+volatile const __u8 inet_flag_autoflowlabel_set = 0xff;
 
 /* The device an XDP frame came in on (bpf_cast_to_kern_ctx), as far as
  * its IPv6 hop limit (net.ipv6.conf.DEV.hop_limit, which router
@@ -240,13 +254,20 @@ enum syn_net_setting {
 	SYN_NET_NAT6 = 1 << 6,
 	/* The SYN-ACK's IP header, as the kernel's: the SYN's DS field
 	 * reflected (tcp_reflect_tos); the SYN's IPv6 flow label reflected
-	 * (flowlabel_reflect bit 0, which new listeners take on); or, where
+	 * (flowlabel_reflect bit 0, which new listeners take on, until
+	 * syn_listener_flow puts the listener's own choice here); or, where
 	 * not, a flow label of moat's own (auto_flowlabels 1 or 3), with
 	 * its top bit set under flowlabel_state_ranges. */
 	SYN_NET_REFLECT_TOS = 1 << 7,
 	SYN_NET_FLOW_REFLECT = 1 << 8,
 	SYN_NET_FLOW_AUTO = 1 << 9,
 	SYN_NET_FLOW_STATELESS = 1 << 10,
+	/* auto_flowlabels 3: auto labels whatever a socket chose. */
+	SYN_NET_FLOW_FORCED = 1 << 11,
+	/* Not the namespace's but the listener's (syn_listener_flow), set
+	 * with the listener: auto labels on its SYN-ACKs. SYN_NET_FLOW_REFLECT
+	 * is then the listener's too. */
+	SYN_NET_LISTENER_AUTO = 1 << 12,
 };
 
 #define SYN_NF_INET_LOCAL_IN 1
@@ -377,10 +398,12 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 	if (bpf_core_field_exists(net->ipv6)) {
 		if (net->ipv6.sysctl.flowlabel_reflect & 1) /* FLOWLABEL_REFLECT_ESTABLISHED */
 			s |= SYN_NET_FLOW_REFLECT;
-		/* IP6_AUTO_FLOW_LABEL_OPTOUT and _FORCED: on for a listener
-		 * that did not opt out (IPV6_AUTOFLOWLABEL, not looked at). */
+		/* IP6_AUTO_FLOW_LABEL_OPTOUT and _FORCED: on for a socket
+		 * that did not opt out (syn_listener_flow looks). */
 		if (net->ipv6.sysctl.auto_flowlabels == 1 || net->ipv6.sysctl.auto_flowlabels == 3)
 			s |= SYN_NET_FLOW_AUTO;
+		if (net->ipv6.sysctl.auto_flowlabels == 3)
+			s |= SYN_NET_FLOW_FORCED;
 		if (net->ipv6.sysctl.flowlabel_state_ranges)
 			s |= SYN_NET_FLOW_STATELESS;
 	}
@@ -456,6 +479,40 @@ static __always_inline __u8 syn_listener_tos(const struct tcp_sock *tsk, int fam
 	if (!np)
 		return 0;
 	return np->tclass & ~3;
+}
+
+/* The bit of inet_flags numbered bit (inet_flag_*): 1, 0, or -1 where
+ * that number or the field is not known. */
+static __always_inline int syn_inet_flag(const struct inet_sock___moat *inet, __u8 bit)
+{
+	if (bit >= 64 || !bpf_core_field_exists(inet->inet_flags))
+		return -1;
+	return (inet->inet_flags >> bit) & 1;
+}
+
+/* net, a namespace's syn_net_setting bits, with the flow label choices of
+ * its listener tsk: SYN_NET_FLOW_REFLECT as the listener reflects labels
+ * (its REPFLOW, taken from flowlabel_reflect when it was made: the
+ * namespace's bit stands for it only where it cannot be read), and
+ * SYN_NET_LISTENER_AUTO where its SYN-ACKs carry auto labels
+ * (ip6_autoflowlabel: the listener's IPV6_AUTOFLOWLABEL where it set
+ * one, else the namespace's; always under auto_flowlabels 3). */
+static __always_inline __u32 syn_listener_flow(const struct tcp_sock *tsk, __u32 net)
+{
+	const struct inet_sock___moat *inet = (const void *)tsk;
+	int reflect, autolabel = !!(net & SYN_NET_FLOW_AUTO);
+
+	net &= ~SYN_NET_LISTENER_AUTO;
+	if (tsk) {
+		reflect = syn_inet_flag(inet, inet_flag_repflow);
+		if (reflect >= 0)
+			net = (net & ~SYN_NET_FLOW_REFLECT) | (reflect ? SYN_NET_FLOW_REFLECT : 0);
+		if (syn_inet_flag(inet, inet_flag_autoflowlabel_set) == 1)
+			autolabel = syn_inet_flag(inet, inet_flag_autoflowlabel) == 1;
+	}
+	if (autolabel || (net & SYN_NET_FLOW_FORCED))
+		net |= SYN_NET_LISTENER_AUTO;
+	return net;
 }
 
 /* The MSS a listener sets for itself (TCP_MAXSEG), 0 for none. */
@@ -1154,6 +1211,8 @@ static __always_inline int syn_sock_state(struct xdp_md *ctx, const struct packe
 			st->net_jiffies = st->clock_jiffies;
 			st->net_ifindex = ctx->ingress_ifindex;
 		}
+		/* With every listener found: another may own the next tuple. */
+		st->net_settings = syn_listener_flow(tsk, st->net_settings);
 		/* The MSS the kernel's SYN-ACK would announce: what the device
 		 * takes (its MTU less the headers), or the listener's own
 		 * TCP_MAXSEG if lower. */
@@ -1445,16 +1504,19 @@ static __always_inline __u32 syn_ip_word0(struct xdp_md *ctx, __u32 l3, int fami
 }
 
 /* The flow label of the kernel's reply to a segment of flow label label
- * (ip6_make_flowlabel), under the namespace's syn_net_setting bits net:
- * the segment's where listeners reflect labels and it has one; else,
- * where auto labels are on, a label of moat's own spread from spread
- * (something the client sees anyway), as the kernel's comes from a hash,
- * in the stateless range under flowlabel_state_ranges; else none. */
-static __always_inline __u32 syn_reply_label(__u32 label, __u32 net, __u32 spread)
+ * (ip6_make_flowlabel), under the syn_net_setting bits net of the
+ * listener and its namespace: the segment's where the listener reflects
+ * labels and it has one; else, where autolabel (SYN_NET_LISTENER_AUTO for
+ * a SYN-ACK, which leaves by the listener; SYN_NET_FLOW_AUTO for a RST,
+ * which leaves by the namespace's control socket) is in net, a label of
+ * moat's own spread from spread (something the client sees anyway), as
+ * the kernel's comes from a hash, in the stateless range under
+ * flowlabel_state_ranges; else none. */
+static __always_inline __u32 syn_reply_label(__u32 label, __u32 net, __u32 autolabel, __u32 spread)
 {
 	if ((net & SYN_NET_FLOW_REFLECT) && label)
 		return label;
-	if (!(net & SYN_NET_FLOW_AUTO))
+	if (!(net & autolabel))
 		return 0;
 	return ((spread * 0x9e3779b1u) >> 12) | ((net & SYN_NET_FLOW_STATELESS) ? 0x80000 : 0);
 }
@@ -1751,7 +1813,7 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	if (!(net & SYN_NET_REFLECT_TOS))
 		ipw0 = (ipw0 & 0xfffff) | (__u32)st->listener_tos << 20;
 	if (p->family == 6)
-		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, net, bpf_ntohl(tw[1]));
+		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, net, SYN_NET_LISTENER_AUTO, bpf_ntohl(tw[1]));
 
 	/* Everything past the Ethernet header and tags is rebuilt from what
 	 * was read above. */
@@ -1935,7 +1997,7 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	 * sequence number. */
 	ipw0 = syn_ip_word0(ctx, l3, p->family);
 	if (p->family == 6)
-		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, st->net_settings, bpf_ntohl(seq) ^ tw[0]);
+		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, st->net_settings, SYN_NET_FLOW_AUTO, bpf_ntohl(seq) ^ tw[0]);
 
 	/* The frame cut to the headers (the ACK had both whole, so it only
 	 * shrinks), everything past the Ethernet header and tags rebuilt. */

@@ -618,7 +618,7 @@ func (b *Bench) moatSyn() (*moatSynDefence, string) {
 			repl[name] = m
 		}
 	}
-	if err := shield.SeedFilter(spec); err != nil {
+	if err := shield.PrepareFilter(spec); err != nil {
 		return nil, err.Error()
 	}
 	m := &moatSynDefence{b: b}

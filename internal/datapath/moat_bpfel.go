@@ -578,6 +578,9 @@ const (
 	MoatProgMoatSynAccept             = "moat_syn_accept"
 	MoatProgMoatSynCensus             = "moat_syn_census"
 	MoatVarHhSeed                     = "hh_seed"
+	MoatVarInetFlagAutoflowlabel      = "inet_flag_autoflowlabel"
+	MoatVarInetFlagAutoflowlabelSet   = "inet_flag_autoflowlabel_set"
+	MoatVarInetFlagRepflow            = "inet_flag_repflow"
 	MoatVarUnusedCaptureExportedTypes = "unused_capture_exported_types"
 	MoatVarUnusedExportedTypes        = "unused_exported_types"
 	MoatVarUnusedRlExportedTypes      = "unused_rl_exported_types"
@@ -687,6 +690,9 @@ type MoatMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type MoatVariableSpecs struct {
 	HhSeed                     *ebpf.VariableSpec `ebpf:"hh_seed"`
+	InetFlagAutoflowlabel      *ebpf.VariableSpec `ebpf:"inet_flag_autoflowlabel"`
+	InetFlagAutoflowlabelSet   *ebpf.VariableSpec `ebpf:"inet_flag_autoflowlabel_set"`
+	InetFlagRepflow            *ebpf.VariableSpec `ebpf:"inet_flag_repflow"`
 	UnusedCaptureExportedTypes *ebpf.VariableSpec `ebpf:"unused_capture_exported_types"`
 	UnusedExportedTypes        *ebpf.VariableSpec `ebpf:"unused_exported_types"`
 	UnusedRlExportedTypes      *ebpf.VariableSpec `ebpf:"unused_rl_exported_types"`
@@ -811,6 +817,9 @@ func (m *MoatMaps) Close() error {
 // It can be passed to LoadMoatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type MoatVariables struct {
 	HhSeed                     *ebpf.Variable `ebpf:"hh_seed"`
+	InetFlagAutoflowlabel      *ebpf.Variable `ebpf:"inet_flag_autoflowlabel"`
+	InetFlagAutoflowlabelSet   *ebpf.Variable `ebpf:"inet_flag_autoflowlabel_set"`
+	InetFlagRepflow            *ebpf.Variable `ebpf:"inet_flag_repflow"`
 	UnusedCaptureExportedTypes *ebpf.Variable `ebpf:"unused_capture_exported_types"`
 	UnusedExportedTypes        *ebpf.Variable `ebpf:"unused_exported_types"`
 	UnusedRlExportedTypes      *ebpf.Variable `ebpf:"unused_rl_exported_types"`

@@ -95,7 +95,7 @@ func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
 	for name, m := range repl {
 		spec.Maps[name].Flags = withAccessFlags(spec.Maps[name].Flags, m)
 	}
-	if err := SeedFilter(spec); err != nil {
+	if err := PrepareFilter(spec); err != nil {
 		return nil, err
 	}
 	var objs filterObjects
@@ -105,9 +105,13 @@ func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
 	return &objs, nil
 }
 
-// SeedFilter draws a filter's heavy-hitter seed (hh_seed) from the
-// CSPRNG into spec, before the filter is loaded from it.
-func SeedFilter(spec *ebpf.CollectionSpec) error {
+// PrepareFilter writes into spec what a filter takes at its load: a
+// heavy-hitter seed (hh_seed) drawn from the CSPRNG, and what it must
+// know of the running kernel (syncookie.SetKernelConstants).
+func PrepareFilter(spec *ebpf.CollectionSpec) error {
+	if err := syncookie.SetKernelConstants(spec); err != nil {
+		return err
+	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return fmt.Errorf("draw the heavy-hitter seed: %w", err)

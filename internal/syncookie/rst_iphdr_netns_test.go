@@ -26,12 +26,16 @@ type resetHeader struct {
 // client's socket set by opt), has the server forget the connection
 // without a word (TCP_REPAIR, then close), sends a segment from the
 // client, and returns the IP header of the RST that came back, read with
-// AF_PACKET on the client's interface.
+// AF_PACKET on the client's interface. listening, if not nil, runs once
+// the server's listener listens.
 func resetOfGoneConnection(t *testing.T, s *shielded, network string, addr netip.Addr, port uint16,
-	opt func(fd int) error) resetHeader {
+	opt func(fd int) error, listening func()) resetHeader {
 	t.Helper()
 	ln := s.listenTCP(t, network, port, nil)
 	defer ln.Close()
+	if listening != nil {
+		listening()
+	}
 	acc := make(chan net.Conn, 1)
 	go func() {
 		if c, err := ln.Accept(); err == nil {
@@ -104,7 +108,10 @@ func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 		name    string
 		v6      bool
 		sysctls [][2]string
-		client  func(fd int) error
+		// sysctlsAfter are written once the listener listens: a
+		// listener keeps the flow label choices of its making.
+		sysctlsAfter [][2]string
+		client       func(fd int) error
 		// Labels of the kernel's own choosing are of the stateless
 		// range (their top bit set).
 		stateless bool
@@ -125,10 +132,24 @@ func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}, {"/proc/sys/net/ipv6/flowlabel_state_ranges", "1"}}},
 		{name: "ipv6 auto_flowlabels 0", v6: true,
 			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}, {"/proc/sys/net/ipv6/auto_flowlabels", "0"}}},
+		{name: "ipv6 listener made before flowlabel_reflect 1", v6: true,
+			sysctls:      [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "1"}, {"/proc/sys/net/ipv6/flowlabel_reflect", "0"}},
+			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
+		{name: "ipv6 listener made under flowlabel_reflect 1, turned off after", v6: true,
+			sysctls:      [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}},
+			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, sc := range tc.sysctls {
-				s.sysctl(t, sc[0], sc[1])
+			// Before each listener is made, and after.
+			setBefore := func() {
+				for _, sc := range tc.sysctls {
+					s.sysctl(t, sc[0], sc[1])
+				}
+			}
+			setAfter := func() {
+				for _, sc := range tc.sysctlsAfter {
+					s.sysctl(t, sc[0], sc[1])
+				}
 			}
 			port++
 			network := "tcp4"
@@ -137,10 +158,12 @@ func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 			}
 			addr := s.serverAddr(network)
 			s.protect(t, port, ModeNever)
-			kernel := resetOfGoneConnection(t, s, network, addr, port, tc.client)
+			setBefore()
+			kernel := resetOfGoneConnection(t, s, network, addr, port, tc.client, setAfter)
 			s.protect(t, port, ModeAlways)
 			before := portStatus(t, s.objs, port).ResetsSent
-			moat := resetOfGoneConnection(t, s, network, addr, port, tc.client)
+			setBefore()
+			moat := resetOfGoneConnection(t, s, network, addr, port, tc.client, setAfter)
 			after := portStatus(t, s.objs, port).ResetsSent
 			t.Logf("kernel %+v, moat %+v", kernel, moat)
 			if !kernel.reset || !moat.reset {

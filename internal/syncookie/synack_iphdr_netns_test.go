@@ -61,13 +61,16 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 	s := newShielded(t, ModeNever)
 	port := uint16(labPort)
 	for _, tc := range []struct {
-		name       string
-		v6         bool
-		sysctls    [][2]string
-		listener   func(fd int) error
-		client     func(fd int) error
-		reflectsFl bool
-		stateless  bool // labels of the kernel's own choosing have their top bit set
+		name     string
+		v6       bool
+		sysctls  [][2]string
+		listener func(fd int) error
+		// sysctlsAfter are written once the listener listens: a
+		// listener keeps the flow label choices of its making.
+		sysctlsAfter [][2]string
+		client       func(fd int) error
+		reflectsFl   bool
+		stateless    bool // labels of the kernel's own choosing have their top bit set
 	}{
 		{name: "ipv4 defaults"},
 		{name: "ipv6 defaults", v6: true},
@@ -94,6 +97,21 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
 		{name: "ipv6 flowlabel_state_ranges", v6: true, stateless: true,
 			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}, {"/proc/sys/net/ipv6/flowlabel_state_ranges", "1"}}},
+		{name: "ipv6 listener made before flowlabel_reflect", v6: true,
+			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
+		{name: "ipv6 listener made under flowlabel_reflect, turned off after", v6: true, reflectsFl: true,
+			sysctls:      [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}},
+			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}}},
+		{name: "ipv6 listener opted out of auto flow labels (IPV6_AUTOFLOWLABEL 0)", v6: true,
+			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 0) }},
+		{name: "ipv6 listener opted out, auto_flowlabels 3 (forced)", v6: true,
+			sysctls:  [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "3"}},
+			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 0) }},
+		{name: "ipv6 auto_flowlabels 2, listener opted in (IPV6_AUTOFLOWLABEL 1)", v6: true,
+			sysctls:  [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "2"}},
+			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 1) }},
+		{name: "ipv6 auto_flowlabels 0", v6: true,
+			sysctls: [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "0"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sc := range tc.sysctls {
@@ -107,6 +125,9 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 			addr := s.serverAddr(network)
 			ln := s.listenTCP(t, network, port, tc.listener)
 			defer ln.Close()
+			for _, sc := range tc.sysctlsAfter {
+				s.sysctl(t, sc[0], sc[1])
+			}
 			go func() {
 				for {
 					c, err := ln.Accept()
@@ -142,8 +163,14 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 				t.Errorf("flow labels: moat's SYN-ACK %#x, the client's %#x; the kernel's SYN-ACK %#x, the client's %#x",
 					moat.flow, moat.ownFlow, kernel.flow, kernel.ownFlow)
 			}
-			if moat.flow == 0 && kernel.flow != 0 {
-				t.Errorf("moat's SYN-ACK has no flow label, the kernel's %#x", kernel.flow)
+			if (moat.flow == 0) != (kernel.flow == 0) {
+				t.Errorf("flow labels: moat's SYN-ACK %#x, the kernel's %#x (one has none)", moat.flow, kernel.flow)
+			}
+			// A label of the host's own is the client's only by a chance
+			// of one in 2^20.
+			if !tc.reflectsFl && (moat.flow != 0 && moat.flow == moat.ownFlow || kernel.flow != 0 && kernel.flow == kernel.ownFlow) {
+				t.Errorf("flow labels reflected: moat's SYN-ACK %#x, the client's %#x; the kernel's SYN-ACK %#x, the client's %#x",
+					moat.flow, moat.ownFlow, kernel.flow, kernel.ownFlow)
 			}
 			if tc.stateless && (moat.flow&0x80000 == 0 || kernel.flow&0x80000 == 0) {
 				t.Errorf("flow labels outside the stateless range: moat's SYN-ACK %#x, the kernel's %#x", moat.flow, kernel.flow)

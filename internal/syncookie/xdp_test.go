@@ -51,7 +51,14 @@ const (
 func loadObjects(t testing.TB) *datapath.MoatObjects {
 	t.Helper()
 	var objs datapath.MoatObjects
-	if err := datapath.LoadMoatObjects(&objs, nil); err != nil {
+	spec, err := datapath.LoadMoat()
+	if err == nil {
+		err = SetKernelConstants(spec)
+	}
+	if err == nil {
+		err = spec.LoadAndAssign(&objs, nil)
+	}
+	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
 	t.Cleanup(func() { objs.Close() })
