@@ -144,7 +144,7 @@ struct inet_sock___moat {
 	struct ipv6_pinfo___moat *pinet6;
 	__s16 uc_ttl;
 	__u8 tos;
-	unsigned long inet_flags; /* Linux 6.6 and later */
+	unsigned long inet_flags; /* Linux 6.6 and later; the bits below from 6.7 */
 } __attribute__((preserve_access_index));
 
 /* The numbers of three bits of inet_flags, the socket's own choices of
@@ -153,7 +153,7 @@ struct inet_sock___moat {
  * and AUTOFLOWLABEL_SET (IPV6_AUTOFLOWLABEL, where the socket set it).
  * They name members of an anonymous enum (INET_FLAGS_*), which CO-RE
  * cannot relocate: the loader reads them from the kernel's BTF
- * (syncookie.SetKernelConstants). 0xff: not known, and the namespace's
+ * (datapath.SetKernelConstants). 0xff: not known, and the namespace's
  * sysctls stand for the listener's choices, as they do for a listener
  * that made none since they last changed. */
 volatile const __u8 inet_flag_repflow = 0xff;
@@ -262,12 +262,14 @@ enum syn_net_setting {
 	SYN_NET_FLOW_REFLECT = 1 << 8,
 	SYN_NET_FLOW_AUTO = 1 << 9,
 	SYN_NET_FLOW_STATELESS = 1 << 10,
-	/* auto_flowlabels 3: auto labels whatever a socket chose. */
+	/* auto_flowlabels 3: auto labels whatever a socket chose; 0: none
+	 * whatever it chose. */
 	SYN_NET_FLOW_FORCED = 1 << 11,
+	SYN_NET_FLOW_OFF = 1 << 12,
 	/* Not the namespace's but the listener's (syn_listener_flow), set
 	 * with the listener: auto labels on its SYN-ACKs. SYN_NET_FLOW_REFLECT
 	 * is then the listener's too. */
-	SYN_NET_LISTENER_AUTO = 1 << 12,
+	SYN_NET_LISTENER_AUTO = 1 << 13,
 };
 
 #define SYN_NF_INET_LOCAL_IN 1
@@ -404,6 +406,8 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 			s |= SYN_NET_FLOW_AUTO;
 		if (net->ipv6.sysctl.auto_flowlabels == 3)
 			s |= SYN_NET_FLOW_FORCED;
+		if (net->ipv6.sysctl.auto_flowlabels == 0)
+			s |= SYN_NET_FLOW_OFF;
 		if (net->ipv6.sysctl.flowlabel_state_ranges)
 			s |= SYN_NET_FLOW_STATELESS;
 	}
@@ -496,7 +500,8 @@ static __always_inline int syn_inet_flag(const struct inet_sock___moat *inet, __
  * namespace's bit stands for it only where it cannot be read), and
  * SYN_NET_LISTENER_AUTO where its SYN-ACKs carry auto labels
  * (ip6_autoflowlabel: the listener's IPV6_AUTOFLOWLABEL where it set
- * one, else the namespace's; always under auto_flowlabels 3). */
+ * one, else the namespace's; always under auto_flowlabels 3, never under
+ * 0, as ip6_make_flowlabel has it). */
 static __always_inline __u32 syn_listener_flow(const struct tcp_sock *tsk, __u32 net)
 {
 	const struct inet_sock___moat *inet = (const void *)tsk;
@@ -510,6 +515,8 @@ static __always_inline __u32 syn_listener_flow(const struct tcp_sock *tsk, __u32
 		if (syn_inet_flag(inet, inet_flag_autoflowlabel_set) == 1)
 			autolabel = syn_inet_flag(inet, inet_flag_autoflowlabel) == 1;
 	}
+	if (net & SYN_NET_FLOW_OFF)
+		autolabel = 0;
 	if (autolabel || (net & SYN_NET_FLOW_FORCED))
 		net |= SYN_NET_LISTENER_AUTO;
 	return net;

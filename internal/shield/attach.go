@@ -107,9 +107,9 @@ func (s *Shield) loadFilter(counters *ebpf.Map) (*filterObjects, error) {
 
 // PrepareFilter writes into spec what a filter takes at its load: a
 // heavy-hitter seed (hh_seed) drawn from the CSPRNG, and what it must
-// know of the running kernel (syncookie.SetKernelConstants).
+// know of the running kernel (datapath.SetKernelConstants).
 func PrepareFilter(spec *ebpf.CollectionSpec) error {
-	if err := syncookie.SetKernelConstants(spec); err != nil {
+	if err := datapath.SetKernelConstants(spec); err != nil {
 		return err
 	}
 	var seed [8]byte

@@ -136,7 +136,7 @@ func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 			sysctls:      [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "1"}, {"/proc/sys/net/ipv6/flowlabel_reflect", "0"}},
 			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
 		{name: "ipv6 listener made under flowlabel_reflect 1, turned off after", v6: true,
-			sysctls:      [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}},
+			sysctls:      [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "1"}, {"/proc/sys/net/ipv6/flowlabel_reflect", "1"}},
 			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

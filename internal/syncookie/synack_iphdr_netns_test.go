@@ -60,6 +60,7 @@ func firstSynAck(t *testing.T, h *lab.Host, addr netip.Addr, port uint16, opt fu
 func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 	s := newShielded(t, ModeNever)
 	port := uint16(labPort)
+	const reflect, autoLabels = "/proc/sys/net/ipv6/flowlabel_reflect", "/proc/sys/net/ipv6/auto_flowlabels"
 	for _, tc := range []struct {
 		name     string
 		v6       bool
@@ -97,21 +98,28 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
 		{name: "ipv6 flowlabel_state_ranges", v6: true, stateless: true,
 			sysctls: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}, {"/proc/sys/net/ipv6/flowlabel_state_ranges", "1"}}},
+		// Rows from here set both flow label sysctls, before the
+		// listener is made and, where the row says, after.
 		{name: "ipv6 listener made before flowlabel_reflect", v6: true,
-			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}}},
+			sysctls:      [][2]string{{reflect, "0"}, {autoLabels, "1"}},
+			sysctlsAfter: [][2]string{{reflect, "1"}}},
 		{name: "ipv6 listener made under flowlabel_reflect, turned off after", v6: true, reflectsFl: true,
-			sysctls:      [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "1"}},
-			sysctlsAfter: [][2]string{{"/proc/sys/net/ipv6/flowlabel_reflect", "0"}}},
+			sysctls:      [][2]string{{reflect, "1"}, {autoLabels, "1"}},
+			sysctlsAfter: [][2]string{{reflect, "0"}}},
 		{name: "ipv6 listener opted out of auto flow labels (IPV6_AUTOFLOWLABEL 0)", v6: true,
+			sysctls:  [][2]string{{reflect, "0"}, {autoLabels, "1"}},
 			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 0) }},
 		{name: "ipv6 listener opted out, auto_flowlabels 3 (forced)", v6: true,
-			sysctls:  [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "3"}},
+			sysctls:  [][2]string{{reflect, "0"}, {autoLabels, "3"}},
 			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 0) }},
 		{name: "ipv6 auto_flowlabels 2, listener opted in (IPV6_AUTOFLOWLABEL 1)", v6: true,
-			sysctls:  [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "2"}},
+			sysctls:  [][2]string{{reflect, "0"}, {autoLabels, "2"}},
 			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 1) }},
 		{name: "ipv6 auto_flowlabels 0", v6: true,
-			sysctls: [][2]string{{"/proc/sys/net/ipv6/auto_flowlabels", "0"}}},
+			sysctls: [][2]string{{reflect, "0"}, {autoLabels, "0"}}},
+		{name: "ipv6 auto_flowlabels 0, listener opted in (IPV6_AUTOFLOWLABEL 1)", v6: true,
+			sysctls:  [][2]string{{reflect, "0"}, {autoLabels, "0"}},
+			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 1) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sc := range tc.sysctls {

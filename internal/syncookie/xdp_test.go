@@ -53,7 +53,7 @@ func loadObjects(t testing.TB) *datapath.MoatObjects {
 	var objs datapath.MoatObjects
 	spec, err := datapath.LoadMoat()
 	if err == nil {
-		err = SetKernelConstants(spec)
+		err = datapath.SetKernelConstants(spec)
 	}
 	if err == nil {
 		err = spec.LoadAndAssign(&objs, nil)

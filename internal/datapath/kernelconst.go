@@ -1,4 +1,4 @@
-package syncookie
+package datapath
 
 import (
 	"fmt"
@@ -7,29 +7,31 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
-
-	"github.com/moat-shield/moat/internal/datapath"
 )
 
 // inetFlagVars are the filter's constants that hold the numbers of bits of
-// the kernel's struct inet_sock inet_flags (Linux 6.6 and later), by the
-// member of the kernel's enum that numbers each: a listener's own choices
-// of IPv6 flow label for its SYN-ACKs and RSTs (syncookie.h,
-// syn_listener_flow).
+// the kernel's struct inet_sock inet_flags, by the member of the kernel's
+// enum that numbers each: a listener's own choices of IPv6 flow label for
+// its SYN-ACKs and RSTs (bpf/include/syncookie.h, syn_listener_flow). The
+// kernel keeps them there from Linux 6.7.
 var inetFlagVars = []struct{ member, variable string }{
-	{"INET_FLAGS_REPFLOW", datapath.MoatVarInetFlagRepflow},
-	{"INET_FLAGS_AUTOFLOWLABEL", datapath.MoatVarInetFlagAutoflowlabel},
-	{"INET_FLAGS_AUTOFLOWLABEL_SET", datapath.MoatVarInetFlagAutoflowlabelSet},
+	{"INET_FLAGS_REPFLOW", MoatVarInetFlagRepflow},
+	{"INET_FLAGS_AUTOFLOWLABEL", MoatVarInetFlagAutoflowlabel},
+	{"INET_FLAGS_AUTOFLOWLABEL_SET", MoatVarInetFlagAutoflowlabelSet},
 }
 
-// kernelInetFlags reads the members of the running kernel's enum of
-// inet_flags bits (INET_FLAGS_*) from its BTF. The enum has no name, so
-// CO-RE cannot relocate its values in the filter; none found (a kernel
-// before 6.6) is an empty map, not an error.
+// kernelInetFlags reads the running kernel's numbers of the inet_flags
+// bits of inetFlagVars from its BTF. Their enum has no name, so CO-RE
+// cannot relocate them in the filter. A member the kernel lacks is not in
+// the map: that is no error.
 var kernelInetFlags = sync.OnceValues(func() (map[string]uint64, error) {
 	spec, err := btf.LoadKernelSpec()
 	if err != nil {
 		return nil, fmt.Errorf("read the kernel's BTF: %w", err)
+	}
+	want := make(map[string]bool, len(inetFlagVars))
+	for _, f := range inetFlagVars {
+		want[f.member] = true
 	}
 	found := map[string]uint64{}
 	for typ, err := range spec.All() {
@@ -41,9 +43,13 @@ var kernelInetFlags = sync.OnceValues(func() (map[string]uint64, error) {
 			continue
 		}
 		for _, v := range e.Values {
-			found[v.Name] = v.Value
+			if want[v.Name] {
+				found[v.Name] = v.Value
+			}
 		}
-		break
+		if len(found) == len(want) {
+			break
+		}
 	}
 	return found, nil
 })
