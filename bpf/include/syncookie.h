@@ -266,10 +266,13 @@ enum syn_net_setting {
 	 * whatever it chose. */
 	SYN_NET_FLOW_FORCED = 1 << 11,
 	SYN_NET_FLOW_OFF = 1 << 12,
+	/* flowlabel_reflect bit 1 (FLOWLABEL_REFLECT_TCP_RESET): a RST of no
+	 * socket carries the segment's label. */
+	SYN_NET_FLOW_REFLECT_RESET = 1 << 13,
 	/* Not the namespace's but the listener's (syn_listener_flow), set
 	 * with the listener: auto labels on its SYN-ACKs. SYN_NET_FLOW_REFLECT
 	 * is then the listener's too. */
-	SYN_NET_LISTENER_AUTO = 1 << 13,
+	SYN_NET_LISTENER_AUTO = 1 << 14,
 };
 
 #define SYN_NF_INET_LOCAL_IN 1
@@ -400,6 +403,8 @@ static __always_inline __u32 syn_net_settings(const struct tcp_sock *tsk)
 	if (bpf_core_field_exists(net->ipv6)) {
 		if (net->ipv6.sysctl.flowlabel_reflect & 1) /* FLOWLABEL_REFLECT_ESTABLISHED */
 			s |= SYN_NET_FLOW_REFLECT;
+		if (net->ipv6.sysctl.flowlabel_reflect & 2) /* FLOWLABEL_REFLECT_TCP_RESET */
+			s |= SYN_NET_FLOW_REFLECT_RESET;
 		/* IP6_AUTO_FLOW_LABEL_OPTOUT and _FORCED: on for a socket
 		 * that did not opt out (syn_listener_flow looks). */
 		if (net->ipv6.sysctl.auto_flowlabels == 1 || net->ipv6.sysctl.auto_flowlabels == 3)
@@ -1938,7 +1943,7 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	struct syn_recent *r;
 	void *data, *data_end;
 	struct tcphdr *th;
-	__u32 l3, l4, tw[5], ipw0;
+	__u32 l3, l4, tw[5], ipw0, net;
 	__be32 seq;
 	__u64 sum;
 	int state;
@@ -2002,9 +2007,14 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	 * segment's DS field, ECN bits clear; over IPv6 the flow label of
 	 * syn_reply_label, one of moat's own spread from the tuple and the
 	 * sequence number. */
+	net = st->net_settings;
+	/* A RST of no socket reflects by the namespace's own bit, not by
+	 * the listener that was. */
+	if (state < 0)
+		net = (net & ~SYN_NET_FLOW_REFLECT) | ((net & SYN_NET_FLOW_REFLECT_RESET) ? SYN_NET_FLOW_REFLECT : 0);
 	ipw0 = syn_ip_word0(ctx, l3, p->family);
 	if (p->family == 6)
-		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, st->net_settings, SYN_NET_FLOW_AUTO, bpf_ntohl(seq) ^ tw[0]);
+		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, net, SYN_NET_FLOW_AUTO, bpf_ntohl(seq) ^ tw[0]);
 
 	/* The frame cut to the headers (the ACK had both whole, so it only
 	 * shrinks), everything past the Ethernet header and tags rebuilt. */

@@ -1,6 +1,7 @@
 package syncookie
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -214,6 +215,74 @@ func TestAnycastResetNeedsASocket(t *testing.T) {
 			})
 			if want := []uint32{3, tc.want}; !slices.Equal(got, want) {
 				t.Errorf("verdicts %v (the listener's RST, then the ACK after it closed), want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestNoSocketResetFlowLabel: the kernel's RST for a segment that meets
+// the listener carries the segment's flow label where the listener
+// reflects labels (its own REPFLOW, from flowlabel_reflect bit 0 when it
+// was made); its RST of no socket, where flowlabel_reflect has bit 1
+// (resets). A stray ACK that comes within the jiffy in which this CPU
+// found the listener, after the listener closed, meets no socket at the
+// lookup before moat's RST, and that RST follows the second rule, not the
+// listener that was. Auto flow labels off: a label not reflected is 0.
+func TestNoSocketResetFlowLabel(t *testing.T) {
+	objs := setup(t)
+	if err := Configure(objs.SynSettings, Config{}); err != nil { // RSTs on
+		t.Fatal(err)
+	}
+	c := censusTable(t, objs.SynCensus)
+	const first, second = 0x12345, 0x6789a // the ACKs' flow labels
+	ack := func(label uint32, sport uint16) []byte {
+		return testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6, FlowLabel: label},
+			L4: testpkt.TCP{SrcPort: sport, DstPort: protectedPort, Seq: 9, Ack: 777, ACK: true}}.Bytes()
+	}
+	label := func(frame []byte) uint32 { return binary.BigEndian.Uint32(frame[14:18]) & 0xfffff }
+	for _, tc := range []struct {
+		reflect string // net.ipv6.flowlabel_reflect
+		// The RSTs' labels: the listener's, then the one of no socket.
+		want [2]uint32
+	}{
+		{"1", [2]uint32{first, 0}},
+		{"2", [2]uint32{0, second}},
+		{"3", [2]uint32{first, second}},
+		{"0", [2]uint32{0, 0}},
+	} {
+		t.Run("flowlabel_reflect "+tc.reflect, func(t *testing.T) {
+			var verdicts [2]uint32
+			var got [2]uint32
+			// This CPU's listener cache lasts a jiffy and knows a
+			// device by its ifindex, which each row's scratch
+			// loopback shares with the last row's: a row of its own
+			// jiffy finds its own listener.
+			time.Sleep(20 * time.Millisecond)
+			inScratchNetns(t, func() {
+				for _, w := range [][2]string{{"flowlabel_reflect", tc.reflect}, {"auto_flowlabels", "0"}} {
+					if err := os.WriteFile("/proc/sys/net/ipv6/"+w[0], []byte(w[1]), 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for try := 0; try < 20; try++ {
+					c.Generation, c.Floor, c.ValidUntilNs = 5, 4, bootNow()+uint64(time.Hour)
+					clear(c.Marks[:])
+					ln := listen(t, protectedPort)
+					v0, out0 := run(t, objs.MoatFilter, ack(first, clientPort))
+					ln.Close()
+					v1, out1 := run(t, objs.MoatFilter, ack(second, clientPort+1))
+					verdicts = [2]uint32{v0, v1}
+					got = [2]uint32{label(out0), label(out1)}
+					if v0 == 3 && v1 != 2 { // 2: the jiffy passed, no listener found
+						return
+					}
+				}
+			})
+			if verdicts != [2]uint32{3, 3} {
+				t.Fatalf("verdicts %v (the listener's RST, then the RST of no socket), want [3 3]", verdicts)
+			}
+			if got != tc.want {
+				t.Errorf("RST flow labels %#x (the listener's, then of no socket), want %#x", got, tc.want)
 			}
 		})
 	}
