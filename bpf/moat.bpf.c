@@ -214,6 +214,37 @@ int deny_host_summary_or(struct summary_or_args *args)
 	return summary_or(&deny_host_summary, args);
 }
 
+/* One CPU's step of syn_set_census_from. */
+static long syn_census_from_cpu(__u64 cpu, void *ctx)
+{
+	struct syn_census_from_args *args = ctx;
+	__u32 slot = args->slot;
+	struct syn_port_stats *st;
+
+	st = bpf_map_lookup_percpu_elem(&syn_counters, &slot, cpu);
+	if (!st)
+		return 1; /* no such CPU or slot: stop */
+	st->census_from = args->from;
+	args->done++;
+	return 0;
+}
+
+/* Run by the control plane (BPF_PROG_TEST_RUN) to set a protected port's
+ * census_from on CPUs 0 to cpus - 1: a store into that field of each
+ * CPU's value, where writing the per-CPU values from user space would put
+ * back, over the counts the data path made meanwhile, what it had read.
+ * args->done says how many CPUs were set. */
+SEC("syscall")
+int syn_set_census_from(struct syn_census_from_args *args)
+{
+	struct syn_census_from_args a = *args;
+
+	a.done = 0;
+	bpf_loop(a.cpus, syn_census_from_cpu, &a, 0);
+	args->done = a.done;
+	return 0;
+}
+
 /* tc ingress half of the SYN defence: accepts moat cookie handshakes. */
 SEC("tc")
 int moat_syn_accept(struct __sk_buff *skb)

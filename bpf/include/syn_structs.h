@@ -377,4 +377,14 @@ struct syn_cookie_msg_v4 {
 _Static_assert(sizeof(struct syn_cookie_msg_v4) == 20 && sizeof(struct syn_cookie_msg) == 44,
 	       "cookie messages are whole words and the 4 bytes of meta");
 
+/* The arguments of syn_set_census_from (moat.bpf.c): set census_from to
+ * from in slot's syn_port_stats on CPUs 0 to cpus - 1; done comes back as
+ * the number of CPUs set. */
+struct syn_census_from_args {
+	__u32 slot;
+	__u32 from;
+	__u32 cpus;
+	__u32 done;
+};
+
 #endif /* MOAT_SYN_STRUCTS_H */

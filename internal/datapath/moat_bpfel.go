@@ -340,6 +340,14 @@ type MoatSummaryState struct {
 	Removed uint64
 }
 
+type MoatSynCensusFromArgs struct {
+	_    structs.HostLayout
+	Slot uint32
+	From uint32
+	Cpus uint32
+	Done uint32
+}
+
 type MoatSynCensusTable struct {
 	_            structs.HostLayout
 	Generation   uint32
@@ -577,6 +585,7 @@ const (
 	MoatProgMoatFilter                = "moat_filter"
 	MoatProgMoatSynAccept             = "moat_syn_accept"
 	MoatProgMoatSynCensus             = "moat_syn_census"
+	MoatProgSynSetCensusFrom          = "syn_set_census_from"
 	MoatVarHhSeed                     = "hh_seed"
 	MoatVarInetFlagAutoflowlabel      = "inet_flag_autoflowlabel"
 	MoatVarInetFlagAutoflowlabelSet   = "inet_flag_autoflowlabel_set"
@@ -634,6 +643,7 @@ type MoatProgramSpecs struct {
 	MoatFilter        *ebpf.ProgramSpec `ebpf:"moat_filter"`
 	MoatSynAccept     *ebpf.ProgramSpec `ebpf:"moat_syn_accept"`
 	MoatSynCensus     *ebpf.ProgramSpec `ebpf:"moat_syn_census"`
+	SynSetCensusFrom  *ebpf.ProgramSpec `ebpf:"syn_set_census_from"`
 }
 
 // MoatMapSpecs contains maps before they are loaded into the kernel.
@@ -835,6 +845,7 @@ type MoatPrograms struct {
 	MoatFilter        *ebpf.Program `ebpf:"moat_filter"`
 	MoatSynAccept     *ebpf.Program `ebpf:"moat_syn_accept"`
 	MoatSynCensus     *ebpf.Program `ebpf:"moat_syn_census"`
+	SynSetCensusFrom  *ebpf.Program `ebpf:"syn_set_census_from"`
 }
 
 func (p *MoatPrograms) Close() error {
@@ -844,6 +855,7 @@ func (p *MoatPrograms) Close() error {
 		p.MoatFilter,
 		p.MoatSynAccept,
 		p.MoatSynCensus,
+		p.SynSetCensusFrom,
 	)
 }
 

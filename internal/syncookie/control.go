@@ -491,19 +491,30 @@ func clearSlot(counters *ebpf.Map, slot uint16, censusFrom uint32) error {
 }
 
 // censusFrom has the data path trust the socket census for a slot only
-// from generation from, and keeps its counters. Counts the data path
-// makes between the read and the write are lost (a few, never the slot's
-// total), as no write can add to a per-CPU value.
+// from generation from, and keeps its counters. The kernel sets the field
+// on every CPU (syn_set_census_from): a write of the per-CPU values from
+// here would put back, over the counts the data path made since they
+// were read, the values read.
 func censusFrom(counters *ebpf.Map, slot uint16, from uint32) error {
-	var per []datapath.MoatSynPortStats
-	if err := counters.Lookup(uint32(slot), &per); err != nil {
-		return fmt.Errorf("read counters slot %d: %w", slot, err)
+	spec, err := datapath.LoadMoat()
+	if err != nil {
+		return err
 	}
-	for i := range per {
-		per[i].CensusFrom = from
+	var objs struct {
+		Set *ebpf.Program `ebpf:"syn_set_census_from"`
 	}
-	if err := counters.Update(uint32(slot), per, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("write counters slot %d: %w", slot, err)
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{datapath.MoatMapSynCounters: counters}}
+	if err := spec.LoadAndAssign(&objs, opts); err != nil {
+		return fmt.Errorf("load the census_from writer: %w", err)
+	}
+	defer objs.Set.Close()
+	cpus := uint32(ebpf.MustPossibleCPU())
+	args := datapath.MoatSynCensusFromArgs{Slot: uint32(slot), From: from, Cpus: cpus}
+	if _, err := objs.Set.Run(&ebpf.RunOptions{Context: args, ContextOut: &args}); err != nil {
+		return fmt.Errorf("set census_from of counters slot %d: %w", slot, err)
+	}
+	if args.Done != cpus {
+		return fmt.Errorf("set census_from of counters slot %d on %d of %d CPUs", slot, args.Done, cpus)
 	}
 	return nil
 }
