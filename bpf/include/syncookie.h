@@ -254,8 +254,7 @@ enum syn_net_setting {
 	SYN_NET_NAT6 = 1 << 6,
 	/* The SYN-ACK's IP header, as the kernel's: the SYN's DS field
 	 * reflected (tcp_reflect_tos); the SYN's IPv6 flow label reflected
-	 * (flowlabel_reflect bit 0, which new listeners take on, until
-	 * syn_listener_flow puts the listener's own choice here); or, where
+	 * (flowlabel_reflect bit 0, which new listeners take on); or, where
 	 * not, a flow label of moat's own (auto_flowlabels 1 or 3), with
 	 * its top bit set under flowlabel_state_ranges. */
 	SYN_NET_REFLECT_TOS = 1 << 7,
@@ -270,9 +269,10 @@ enum syn_net_setting {
 	 * socket carries the segment's label. */
 	SYN_NET_FLOW_REFLECT_RESET = 1 << 13,
 	/* Not the namespace's but the listener's (syn_listener_flow), set
-	 * with the listener: auto labels on its SYN-ACKs. SYN_NET_FLOW_REFLECT
-	 * is then the listener's too. */
-	SYN_NET_LISTENER_AUTO = 1 << 14,
+	 * with the listener: it reflects labels (on its SYN-ACKs and RSTs),
+	 * and its SYN-ACKs carry auto labels. */
+	SYN_NET_LISTENER_REFLECT = 1 << 14,
+	SYN_NET_LISTENER_AUTO = 1 << 15,
 };
 
 #define SYN_NF_INET_LOCAL_IN 1
@@ -500,8 +500,8 @@ static __always_inline int syn_inet_flag(const struct inet_sock___moat *inet, __
 }
 
 /* net, a namespace's syn_net_setting bits, with the flow label choices of
- * its listener tsk: SYN_NET_FLOW_REFLECT as the listener reflects labels
- * (its REPFLOW, taken from flowlabel_reflect when it was made: the
+ * its listener tsk: SYN_NET_LISTENER_REFLECT where the listener reflects
+ * labels (its REPFLOW, taken from flowlabel_reflect when it was made: the
  * namespace's bit stands for it only where it cannot be read), and
  * SYN_NET_LISTENER_AUTO where its SYN-ACKs carry auto labels
  * (ip6_autoflowlabel: the listener's IPV6_AUTOFLOWLABEL where it set
@@ -510,18 +510,20 @@ static __always_inline int syn_inet_flag(const struct inet_sock___moat *inet, __
 static __always_inline __u32 syn_listener_flow(const struct tcp_sock *tsk, __u32 net)
 {
 	const struct inet_sock___moat *inet = (const void *)tsk;
-	int reflect, autolabel = !!(net & SYN_NET_FLOW_AUTO);
+	int reflect = !!(net & SYN_NET_FLOW_REFLECT), autolabel = !!(net & SYN_NET_FLOW_AUTO), own;
 
-	net &= ~SYN_NET_LISTENER_AUTO;
+	net &= ~(SYN_NET_LISTENER_REFLECT | SYN_NET_LISTENER_AUTO);
 	if (tsk) {
-		reflect = syn_inet_flag(inet, inet_flag_repflow);
-		if (reflect >= 0)
-			net = (net & ~SYN_NET_FLOW_REFLECT) | (reflect ? SYN_NET_FLOW_REFLECT : 0);
+		own = syn_inet_flag(inet, inet_flag_repflow);
+		if (own >= 0)
+			reflect = own;
 		if (syn_inet_flag(inet, inet_flag_autoflowlabel_set) == 1)
 			autolabel = syn_inet_flag(inet, inet_flag_autoflowlabel) == 1;
 	}
 	if (net & SYN_NET_FLOW_OFF)
 		autolabel = 0;
+	if (reflect)
+		net |= SYN_NET_LISTENER_REFLECT;
 	if (autolabel || (net & SYN_NET_FLOW_FORCED))
 		net |= SYN_NET_LISTENER_AUTO;
 	return net;
@@ -1517,16 +1519,17 @@ static __always_inline __u32 syn_ip_word0(struct xdp_md *ctx, __u32 l3, int fami
 
 /* The flow label of the kernel's reply to a segment of flow label label
  * (ip6_make_flowlabel), under the syn_net_setting bits net of the
- * listener and its namespace: the segment's where the listener reflects
- * labels and it has one; else, where autolabel (SYN_NET_LISTENER_AUTO for
- * a SYN-ACK, which leaves by the listener; SYN_NET_FLOW_AUTO for a RST,
- * which leaves by the namespace's control socket) is in net, a label of
- * moat's own spread from spread (something the client sees anyway), as
- * the kernel's comes from a hash, in the stateless range under
- * flowlabel_state_ranges; else none. */
-static __always_inline __u32 syn_reply_label(__u32 label, __u32 net, __u32 autolabel, __u32 spread)
+ * listener and its namespace: the segment's where the bit reflect is in
+ * net (SYN_NET_LISTENER_REFLECT for the listener's SYN-ACK or RST;
+ * SYN_NET_FLOW_REFLECT_RESET for a RST of no socket) and it has one;
+ * else, where the bit autolabel is (SYN_NET_LISTENER_AUTO for a SYN-ACK,
+ * which leaves by the listener; SYN_NET_FLOW_AUTO for a RST, which leaves
+ * by the namespace's control socket), a label of moat's own spread from
+ * spread (something the client sees anyway), as the kernel's comes from a
+ * hash, in the stateless range under flowlabel_state_ranges; else none. */
+static __always_inline __u32 syn_reply_label(__u32 label, __u32 net, __u32 reflect, __u32 autolabel, __u32 spread)
 {
-	if ((net & SYN_NET_FLOW_REFLECT) && label)
+	if ((net & reflect) && label)
 		return label;
 	if (!(net & autolabel))
 		return 0;
@@ -1825,7 +1828,8 @@ __attribute__((noinline)) int syn_answer(struct xdp_md *ctx, struct packet *p,
 	if (!(net & SYN_NET_REFLECT_TOS))
 		ipw0 = (ipw0 & 0xfffff) | (__u32)st->listener_tos << 20;
 	if (p->family == 6)
-		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, net, SYN_NET_LISTENER_AUTO, bpf_ntohl(tw[1]));
+		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, net, SYN_NET_LISTENER_REFLECT, SYN_NET_LISTENER_AUTO,
+							       bpf_ntohl(tw[1]));
 
 	/* Everything past the Ethernet header and tags is rebuilt from what
 	 * was read above. */
@@ -1943,7 +1947,7 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	struct syn_recent *r;
 	void *data, *data_end;
 	struct tcphdr *th;
-	__u32 l3, l4, tw[5], ipw0, net;
+	__u32 l3, l4, tw[5], ipw0, reflect;
 	__be32 seq;
 	__u64 sum;
 	int state;
@@ -2007,14 +2011,13 @@ __attribute__((noinline)) int syn_reset_stray(struct xdp_md *ctx, struct packet 
 	 * segment's DS field, ECN bits clear; over IPv6 the flow label of
 	 * syn_reply_label, one of moat's own spread from the tuple and the
 	 * sequence number. */
-	net = st->net_settings;
-	/* A RST of no socket reflects by the namespace's own bit, not by
-	 * the listener that was. */
-	if (state < 0)
-		net = (net & ~SYN_NET_FLOW_REFLECT) | ((net & SYN_NET_FLOW_REFLECT_RESET) ? SYN_NET_FLOW_REFLECT : 0);
 	ipw0 = syn_ip_word0(ctx, l3, p->family);
+	/* A RST of no socket reflects by the namespace's bit, not by the
+	 * listener that was. */
+	reflect = state < 0 ? SYN_NET_FLOW_REFLECT_RESET : SYN_NET_LISTENER_REFLECT;
 	if (p->family == 6)
-		ipw0 = (ipw0 & 0xff00000) | syn_reply_label(ipw0 & 0xfffff, net, SYN_NET_FLOW_AUTO, bpf_ntohl(seq) ^ tw[0]);
+		ipw0 = (ipw0 & 0xff00000) |
+		       syn_reply_label(ipw0 & 0xfffff, st->net_settings, reflect, SYN_NET_FLOW_AUTO, bpf_ntohl(seq) ^ tw[0]);
 
 	/* The frame cut to the headers (the ACK had both whole, so it only
 	 * shrinks), everything past the Ethernet header and tags rebuilt. */

@@ -287,3 +287,51 @@ func TestNoSocketResetFlowLabel(t *testing.T) {
 		})
 	}
 }
+
+// TestListenerFlowBitsUnknown: where the loader could not read the
+// kernel's numbers of a socket's flow label bits (a kernel before 6.7),
+// the namespace's flowlabel_reflect as it is now stands for the
+// listener's choice; where it could, the listener's own choice holds,
+// made when flowlabel_reflect was 0. Auto flow labels off: a label not
+// reflected is 0.
+func TestListenerFlowBitsUnknown(t *testing.T) {
+	const label = 0x2468a
+	ack := testpkt.Frame{Net: testpkt.IPv6{Src: client6, Dst: server6, FlowLabel: label},
+		L4: testpkt.TCP{SrcPort: clientPort, DstPort: protectedPort, Seq: 9, Ack: 777, ACK: true}}.Bytes()
+	for _, tc := range []struct {
+		name      string
+		constants bool
+		want      uint32 // the RST's flow label
+	}{
+		{"bits read from the kernel's BTF", true, 0},
+		{"bits unknown", false, label},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := setupObjects(t, loadObjectsKernel(t, tc.constants))
+			if err := Configure(objs.SynSettings, Config{}); err != nil { // RSTs on
+				t.Fatal(err)
+			}
+			var verdict uint32
+			var out []byte
+			inScratchNetns(t, func() {
+				write := func(name, val string) {
+					if err := os.WriteFile("/proc/sys/net/ipv6/"+name, []byte(val), 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+				write("auto_flowlabels", "0")
+				write("flowlabel_reflect", "0")
+				ln := listen(t, protectedPort)
+				defer ln.Close()
+				write("flowlabel_reflect", "1")
+				verdict, out = run(t, objs.MoatFilter, ack)
+			})
+			if verdict != 3 {
+				t.Fatalf("stray ACK: verdict %d, want XDP_TX (3): the listener's RST", verdict)
+			}
+			if got := binary.BigEndian.Uint32(out[14:18]) & 0xfffff; got != tc.want {
+				t.Errorf("RST flow label %#x, want %#x", got, tc.want)
+			}
+		})
+	}
+}

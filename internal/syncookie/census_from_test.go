@@ -96,6 +96,11 @@ func TestCensusFromKeepsCounts(t *testing.T) {
 			t.Errorf("CPU %d: census_from %d, want %d", cpu, st.CensusFrom, from-1)
 		}
 	}
+
+	// A slot the counters map lacks is set on no CPU: an error.
+	if err := censusFrom(objs.SynCounters, MaxProtectedPorts+1, 1); err == nil {
+		t.Errorf("census_from set in slot %d of a map of %d", MaxProtectedPorts+1, objs.SynCounters.MaxEntries())
+	}
 }
 
 // sumSyns is the SYNs counted in a counters slot, over every CPU.

@@ -112,6 +112,24 @@ func (s *shielded) sysctl(t *testing.T, path, val string) {
 	}
 }
 
+// sysctls writes each {path, value} of scs in the server's namespace, in
+// order.
+func (s *shielded) sysctls(t *testing.T, scs [][2]string) {
+	t.Helper()
+	for _, sc := range scs {
+		s.sysctl(t, sc[0], sc[1])
+	}
+}
+
+// tcpNetwork is the Go network of a TCP socket of one family: tcp6 or
+// tcp4.
+func tcpNetwork(v6 bool) string {
+	if v6 {
+		return "tcp6"
+	}
+	return "tcp4"
+}
+
 // socketOpt is a net.Dialer's or net.ListenConfig's Control that applies
 // opt (if any) to the socket before it connects or listens.
 func socketOpt(opt func(fd int) error) func(_, _ string, c syscall.RawConn) error {

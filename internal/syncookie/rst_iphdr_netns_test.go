@@ -141,28 +141,16 @@ func TestStrayAckResetIPHeaderAsTheKernels(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Before each listener is made, and after.
-			setBefore := func() {
-				for _, sc := range tc.sysctls {
-					s.sysctl(t, sc[0], sc[1])
-				}
-			}
-			setAfter := func() {
-				for _, sc := range tc.sysctlsAfter {
-					s.sysctl(t, sc[0], sc[1])
-				}
-			}
+			setAfter := func() { s.sysctls(t, tc.sysctlsAfter) }
 			port++
-			network := "tcp4"
-			if tc.v6 {
-				network = "tcp6"
-			}
+			network := tcpNetwork(tc.v6)
 			addr := s.serverAddr(network)
 			s.protect(t, port, ModeNever)
-			setBefore()
+			s.sysctls(t, tc.sysctls)
 			kernel := resetOfGoneConnection(t, s, network, addr, port, tc.client, setAfter)
 			s.protect(t, port, ModeAlways)
 			before := portStatus(t, s.objs, port).ResetsSent
-			setBefore()
+			s.sysctls(t, tc.sysctls)
 			moat := resetOfGoneConnection(t, s, network, addr, port, tc.client, setAfter)
 			after := portStatus(t, s.objs, port).ResetsSent
 			t.Logf("kernel %+v, moat %+v", kernel, moat)

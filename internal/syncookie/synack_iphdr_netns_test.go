@@ -122,20 +122,13 @@ func TestSynAckIPHeaderAsTheKernels(t *testing.T) {
 			listener: func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_AUTOFLOWLABEL, 1) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, sc := range tc.sysctls {
-				s.sysctl(t, sc[0], sc[1])
-			}
+			s.sysctls(t, tc.sysctls)
 			port++
-			network := "tcp4"
-			if tc.v6 {
-				network = "tcp6"
-			}
+			network := tcpNetwork(tc.v6)
 			addr := s.serverAddr(network)
 			ln := s.listenTCP(t, network, port, tc.listener)
 			defer ln.Close()
-			for _, sc := range tc.sysctlsAfter {
-				s.sysctl(t, sc[0], sc[1])
-			}
+			s.sysctls(t, tc.sysctlsAfter)
 			go func() {
 				for {
 					c, err := ln.Accept()

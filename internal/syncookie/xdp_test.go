@@ -50,9 +50,17 @@ const (
 // loadObjects loads the filter with fresh maps for one test.
 func loadObjects(t testing.TB) *datapath.MoatObjects {
 	t.Helper()
+	return loadObjectsKernel(t, true)
+}
+
+// loadObjectsKernel is loadObjects, with the kernel constants
+// (datapath.SetKernelConstants) set, or left unknown as on a kernel
+// without them.
+func loadObjectsKernel(t testing.TB, constants bool) *datapath.MoatObjects {
+	t.Helper()
 	var objs datapath.MoatObjects
 	spec, err := datapath.LoadMoat()
-	if err == nil {
+	if err == nil && constants {
 		err = datapath.SetKernelConstants(spec)
 	}
 	if err == nil {
@@ -439,7 +447,11 @@ func tsvalOf(frame []byte, l4 int) uint32 {
 // setup loads the filter with generation 1 installed (testKeys[0]),
 // protectedPort and noListenerPort in always mode, neverPort in never.
 func setup(t *testing.T) *datapath.MoatObjects {
-	objs := loadObjects(t)
+	return setupObjects(t, loadObjects(t))
+}
+
+// setupObjects is setup over objs.
+func setupObjects(t *testing.T, objs *datapath.MoatObjects) *datapath.MoatObjects {
 	if err := InstallKey(objs.SynKeys, objs.SynRotation, 1, testKeys[0]); err != nil {
 		t.Fatal(err)
 	}
